@@ -1,0 +1,125 @@
+"""ggml_cgraph: nodes and leafs in build order (``ggml_build_forward_expand``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from toolkit.ggml.tensor import Op, Tensor, TensorFlag
+
+GGML_DEFAULT_GRAPH_SIZE = 2048
+
+
+class GraphFull(ValueError):
+    """More nodes (or leafs) than the graph's capacity (ggml asserts ``n_nodes < size``)."""
+
+
+class Graph:
+    """Nodes and leafs in ggml's build order.
+
+    ``build_forward_expand(t)`` visits t's sources depth-first, left to right, sources
+    before users; each tensor is visited once. A tensor with op NONE (and not a
+    PARAM) is a leaf, everything else a node (views included). Unnamed tensors get
+    ``leaf_<i>`` / ``node_<i>`` from their position, as ggml names them.
+
+    >>> from toolkit.ggml import ops, F32
+    >>> x = ops.new_tensor_1d(F32, 4, "x"); g = Graph(8); _ = g.build_forward_expand(ops.sqr(x))
+    >>> [t.name for t in g.nodes], [t.name for t in g.leafs]
+    (['node_0'], ['x'])
+    """
+
+    def __init__(self, size: int = GGML_DEFAULT_GRAPH_SIZE) -> None:
+        if size <= 0:
+            raise ValueError(f"graph size must be positive, got {size}")
+        self.size = size
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.visited: set[int] = set()
+        self.use_counts: dict[int, int] = {}
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_leafs(self) -> int:
+        return len(self.leafs)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.nodes)
+
+    def build_forward_expand(self, tensor: Tensor) -> int:
+        """Add tensor and everything it depends on; returns the number of new nodes."""
+        n0 = len(self.nodes)
+        # iterative depth-first walk with ggml's order: srcs left to right, then the tensor
+        stack: list[tuple[Tensor, int]] = [(tensor, 0)]
+        if id(tensor) in self.visited:
+            return 0
+        self.visited.add(id(tensor))
+        while stack:
+            t, i = stack[-1]
+            src = t.src
+            while i < len(src) and src[i] is None:
+                i += 1
+            if i < len(src):
+                s = src[i]
+                assert s is not None
+                stack[-1] = (t, i + 1)
+                self.use_counts[id(s)] = self.use_counts.get(id(s), 0) + 1
+                if id(s) not in self.visited:
+                    self.visited.add(id(s))
+                    stack.append((s, 0))
+                continue
+            stack.pop()
+            self._add(t)
+        return len(self.nodes) - n0
+
+    def _add(self, t: Tensor) -> None:
+        if t.op is Op.NONE and not (t.flags & TensorFlag.PARAM):
+            if len(self.leafs) >= self.size:
+                raise GraphFull(
+                    f"graph capacity {self.size} exceeded by leaf {t.name or '#' + str(len(self.leafs))}"
+                    f" (n_leafs would be {len(self.leafs) + 1})"
+                )
+            if not t.name:
+                t.name = f"leaf_{len(self.leafs)}"
+            self.leafs.append(t)
+        else:
+            if len(self.nodes) >= self.size:
+                raise GraphFull(
+                    f"graph capacity {self.size} exceeded by node {t.name or '#' + str(len(self.nodes))}"
+                    f" (n_nodes would be {len(self.nodes) + 1})"
+                )
+            if not t.name:
+                t.name = f"node_{len(self.nodes)}"
+            self.nodes.append(t)
+
+    def use_count(self, t: Tensor) -> int:
+        return self.use_counts.get(id(t), 0)
+
+    def to_text(self, leafs: bool = False) -> str:
+        """One line per node: index, op, name, type and shape, then the sources."""
+        lines = [f"graph: {self.n_nodes} nodes, {self.n_leafs} leafs (capacity {self.size})"]
+        for i, t in enumerate(self.nodes):
+            srcs = ", ".join(s.name for s in t.srcs)
+            lines.append(
+                f"node #{i:3d} ({t.op_desc():>10s}): {t.name:>20s} {t.type.lower:>4s} {t.shape_str():<20s} <- {srcs}"
+            )
+        if leafs:
+            for i, t in enumerate(self.leafs):
+                lines.append(f"leaf #{i:3d} ({'NONE':>10s}): {t.name:>20s} {t.type.lower:>4s} {t.shape_str()}")
+        return "\n".join(lines)
+
+    __str__ = to_text
+
+    def __repr__(self) -> str:
+        return f"Graph(n_nodes={self.n_nodes}, n_leafs={self.n_leafs}, size={self.size})"
+
+
+def build_graph(outputs: Iterable[Tensor], size: int = GGML_DEFAULT_GRAPH_SIZE) -> Graph:
+    g = Graph(size)
+    for t in outputs:
+        g.build_forward_expand(t)
+    return g
