@@ -6,4 +6,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # lazy heavy attributes: importing them pulls in jax (and plotly for the dashboard)
+    if name == "trace":
+        import importlib
+
+        return importlib.import_module("toolkit.trace")  # a callable package: toolkit.trace(f, *args)
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

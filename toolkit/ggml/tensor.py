@@ -128,6 +128,9 @@ class Tensor:
         "type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs",
         "flags", "_name", "buffer", "data", "extra",
     )
+    # declared for the type checker: __init__ reads them on another Tensor (view flattening)
+    view_src: Tensor | None
+    view_offs: int
 
     def __init__(
         self,

@@ -27,17 +27,16 @@ class GGMLType(enum.Enum):
     F64 = (28, 1, 8)
     BF16 = (30, 1, 2)
 
-    @property
-    def ggml_id(self) -> int:
-        return self.value[0]
+    # plain attributes set once per member: the hot paths (nbytes, alloc_size) read these for every
+    # tensor, and Enum's ``value`` lookup is far slower than an attribute
+    ggml_id: int
+    blck_size: int
+    type_size: int
 
-    @property
-    def blck_size(self) -> int:
-        return self.value[1]
-
-    @property
-    def type_size(self) -> int:
-        return self.value[2]
+    def __init__(self, ggml_id: int, blck_size: int, type_size: int) -> None:
+        self.ggml_id = ggml_id
+        self.blck_size = blck_size
+        self.type_size = type_size
 
     @property
     def is_quantized(self) -> bool:

@@ -1,0 +1,77 @@
+# Two commands: `make lab` (open the quickstart notebook) and `make test` (every check).
+# Both work from a fresh clone on a machine with Python >= 3.11; they create ./.venv.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# `make lab`: 127.0.0.1 only, on the first free port from 8888 (or LAB_PORT=...), with a fresh
+# token so the notebook's full URL is printed before the server starts; extra flags: LAB_ARGS=...
+LAB_PORT ?=
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: lab test lint typecheck unit venv clean test-lowest
+
+# A venv whose interpreter no longer runs (moved checkout, removed Python) loses its stamps
+# and is rebuilt below, instead of being half-used.
+ifeq ($(shell $(PY) -c 'import sys' >/dev/null 2>&1 && echo ok),)
+$(shell rm -f $(VENV)/.created $(VENV)/.installed $(VENV)/.installed-dev)
+endif
+
+# A stamp per install set: pip runs again only when pyproject.toml changes.
+$(VENV)/.created:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "toolkit needs Python >= 3.11, found " + sys.version.split()[0])'
+	@if [ -d $(VENV) ] && ! $(PY) -c 'import sys' >/dev/null 2>&1; then echo "rebuilding broken $(VENV)"; rm -rf $(VENV); fi
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.created pyproject.toml
+	$(PIP) install -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
+	$(PIP) install -e '.[dev]'
+	@touch $@ $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+lab: $(VENV)/.installed
+	@port="$(LAB_PORT)"; \
+	[ -n "$$port" ] || port=$$($(PY) -c 'import socket; print(next(p for p in range(8888, 8988) if socket.socket().connect_ex(("127.0.0.1", p))))'); \
+	token=$$($(PY) -c 'import secrets; print(secrets.token_hex(24))'); \
+	echo; echo "  JupyterLab: http://127.0.0.1:$$port/lab/tree/notebooks/quickstart.ipynb?token=$$token"; echo; \
+	exec $(PY) -m jupyterlab notebooks/quickstart.ipynb --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
+		--IdentityProvider.token=$$token $(ALLOW_ROOT) $(LAB_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff check toolkit tests
+
+typecheck: $(VENV)/.installed-dev
+	$(PY) -m mypy toolkit
+
+# unit + notebook + browser tests; with CI=true the browser tests fail instead of skipping
+unit: $(VENV)/.installed-dev
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# all three steps run even when one fails, so one run shows every problem; any failure fails
+test: $(VENV)/.installed-dev
+	@status=0; \
+	echo "== ruff check toolkit tests"; $(PY) -m ruff check toolkit tests || status=1; \
+	echo "== mypy toolkit"; $(PY) -m mypy toolkit || status=1; \
+	echo "== pytest $(PYTEST_ARGS)"; $(PY) -m pytest $(PYTEST_ARGS) || status=1; \
+	exit $$status
+
+# The suite (without the browser) against the lower bounds in pyproject.toml, in .venv-lowest.
+test-lowest:
+	rm -rf .venv-lowest
+	$(PYTHON) -m venv .venv-lowest
+	.venv-lowest/bin/python -m pip --disable-pip-version-check install --upgrade pip
+	.venv-lowest/bin/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; print("\n".join(x.replace(">=", "==") for x in d))' > .venv-lowest/lowest.txt
+	.venv-lowest/bin/python -m pip --disable-pip-version-check install -c .venv-lowest/lowest.txt -e '.[dev]'
+	.venv-lowest/bin/python -m pytest -m 'not browser' $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .venv-lowest .pytest_cache .mypy_cache .ruff_cache test-artifacts

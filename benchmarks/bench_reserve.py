@@ -1,0 +1,72 @@
+"""Reserve time of the scheduler for generated layered graphs of ~1k, 10k and 100k nodes.
+
+Run: ``python3 benchmarks/bench_reserve.py`` (prints a table; time per node should stay flat,
+showing that splitting and planning grow linearly).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from toolkit.backend import Backend, Buffer, profiles  # noqa: E402
+from toolkit.ggml import F32, I32, Graph, ops  # noqa: E402
+from toolkit.ggml.tensor import BufferUsage  # noqa: E402
+from toolkit.sched import Scheduler  # noqa: E402
+
+NODES_PER_LAYER = 12
+
+
+def _w(be: Backend, name: str, *ne: int):  # type: ignore[no-untyped-def]
+    t = ops.new_tensor(F32, ne, name)
+    t.buffer = Buffer(be.buft, t.nbytes, BufferUsage.WEIGHTS)
+    return t
+
+
+def build(n_nodes: int, backends: list[Backend], E: int = 64, T: int = 32) -> Graph:
+    """A llama-shaped stack: layers spread over the backends in order, the first few on the CPU."""
+    n_layers = max(n_nodes // NODES_PER_LAYER, 1)
+    cpu = backends[-1]
+    homes = [cpu if il < n_layers // 10 else backends[il * (len(backends) - 1) // n_layers] for il in range(n_layers)]
+    tok = _w(cpu, "tok_embd", E, 1000)
+    inp = ops.new_tensor_1d(I32, T, "inp_tokens").set_input()
+    pos = ops.new_tensor_1d(I32, T, "inp_pos").set_input()
+    cur = ops.get_rows(tok, inp)
+    g = Graph(n_nodes * 2 + 64)
+    for il in range(n_layers):
+        be = homes[il]
+        x = ops.mul(ops.rms_norm(cur, 1e-5), _w(be, f"blk.{il}.attn_norm", E))
+        q = ops.rope_ext(ops.reshape_3d(ops.mul_mat(_w(be, f"blk.{il}.wq", E, E), x), 16, E // 16, T), pos, None, 16)
+        a = ops.mul_mat(_w(be, f"blk.{il}.wo", E, E), ops.cont_2d(q, E, T))
+        h = ops.add(a, cur)
+        f = ops.mul(ops.rms_norm(h, 1e-5), _w(be, f"blk.{il}.ffn_norm", E))
+        gate = ops.silu(ops.mul_mat(_w(be, f"blk.{il}.w1", E, E), f))
+        up = ops.mul_mat(_w(be, f"blk.{il}.w3", E, E), f)
+        cur = ops.add(ops.mul_mat(_w(be, f"blk.{il}.w2", E, E), ops.mul(gate, up)), h)
+    out = ops.mul_mat(_w(backends[-2] if len(backends) > 1 else cpu, "output", E, 1000), cur)
+    g.build_forward_expand(out.set_output())
+    return g
+
+
+def bench(n: int) -> tuple[int, int, int, float, float]:
+    backends = [profiles.cuda_like(0, min_batch=32), profiles.cuda_like(1, min_batch=32), profiles.cpu()]
+    g = build(n, backends)
+    s = Scheduler(backends, None, g.n_nodes + g.n_leafs, False, True)
+    t0 = time.perf_counter()
+    assert s.reserve(g)
+    t_reserve = time.perf_counter() - t0
+    return g.n_nodes, g.n_leafs, s.n_splits, t_reserve * 1e3, t_reserve * 1e6 / g.n_nodes
+
+
+def main() -> None:
+    print(f"{'target':>8} {'n_nodes':>8} {'n_leafs':>8} {'splits':>6} {'reserve ms':>11} {'us/node':>8}")
+    for n in (1_000, 10_000, 100_000):
+        nodes, leafs, splits, ms, per = bench(n)
+        print(f"{n:>8} {nodes:>8} {leafs:>8} {splits:>6} {ms:>11.1f} {per:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The oracle's cases and GGML_SCHED_DEBUG=2 dumps (tests/data/), parsed for the oracle tests."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data"
+CASES_JSON = DATA / "cases.json"
+DUMPS = DATA / "sched-debug"
+
+
+@cache
+def cases() -> list[dict[str, Any]]:
+    return json.loads(CASES_JSON.read_text())
+
+
+def case(case_id: str) -> dict[str, Any]:
+    for c in cases():
+        if c["id"] == case_id:
+            return c
+    raise KeyError(case_id)
+
+
+_RESERVE = re.compile(r"graph_reserve: reserving a graph for ubatch with n_tokens =\s*(\d+), n_seqs =\s*(\d+), "
+                      r"n_outputs =\s*(\d+)")
+_SPLIT = re.compile(r"## SPLIT #(\d+): (\S+) # (\d+) inputs")
+_INPUT = re.compile(r"\[(.{0,20}?) \(\s*(\d+[KM])\)\]")
+_NODE = re.compile(r"node #\s*(\d+) \((.{10})\): (.{20}) \((.{5})\) \[(.{5}) (.{8})\] use=(\d+),c=(\d+):(.*)$")
+_SRC = re.compile(r" (.{20}) \((.{5})\) \[(.{5}) (.{8})\]")
+
+
+@dataclass
+class DumpNode:
+    index: int
+    op: str
+    name: str
+    size: str
+    backend: str
+    srcs: list[tuple[str, str, str]]   # (name, size, backend)
+
+
+@dataclass
+class DumpSplit:
+    index: int
+    backend: str
+    inputs: list[tuple[str, str]]      # (name, size)
+    nodes: list[DumpNode] = field(default_factory=list)
+
+
+@dataclass
+class DumpReserve:
+    n_tokens: int
+    n_seqs: int
+    n_outputs: int
+    splits: list[DumpSplit] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[DumpNode]:
+        return [n for s in self.splits for n in s.nodes]
+
+
+def parse_dump(path: Path) -> list[DumpReserve]:
+    """Every reserve of a debug log (6 fused-op probes, pp, tg, pp), with its splits and node lines."""
+    out: list[DumpReserve] = []
+    cur: DumpReserve | None = None
+    for line in path.read_text().splitlines():
+        m = _RESERVE.search(line)
+        if m:
+            cur = DumpReserve(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        if line.startswith("sched_reserve: ORACLE stage=pp2") or line.startswith("cmn"):
+            cur = None
+            continue
+        _parse_line(cur, line)
+    return out
+
+
+def parse_splits(text: str) -> DumpReserve:
+    """Our scheduler's ``dump()`` text, parsed like one reserve of a llama.cpp log."""
+    r = DumpReserve(0, 0, 0)
+    for line in text.splitlines():
+        _parse_line(r, line)
+    return r
+
+
+def _parse_line(cur: DumpReserve, line: str) -> None:
+    if True:
+        m = _SPLIT.match(line)
+        if m:
+            ins = [(a.strip(), b) for a, b in _INPUT.findall(line)]
+            cur.splits.append(DumpSplit(int(m.group(1)), m.group(2), ins))
+            return
+        m = _NODE.match(line)
+        if m:
+            srcs = [(a.strip(), b.strip(), c.strip()) for a, b, c, _ in _SRC.findall(m.group(9))]
+            cur.splits[-1].nodes.append(DumpNode(int(m.group(1)), m.group(2).strip(), m.group(3).strip(),
+                                                 m.group(4).strip(), m.group(5).strip(), srcs))
+
+
+def fmt_size(n: int) -> str:
+    """The dump's size column: whole MiB as ``%zuM`` from 1 MiB up, else whole KiB as ``%zuK``."""
+    return f"{n // (1 << 20)}M" if n >= (1 << 20) else f"{n // 1024}K"
+
+
+def debug_case_ids() -> list[str]:
+    return sorted(p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt"))

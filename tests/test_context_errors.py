@@ -1,0 +1,61 @@
+"""Bad input raises ValueError naming the value and the limit; the context and its scheduler stay usable."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.context import Context
+from toolkit.models import ContextParams, presets
+
+
+def _ctx() -> Context:
+    return Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="off", n_gpu_layers=0))
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"max_nodes": 0}, ("max_nodes=0", "positive")),
+    ({"max_nodes": -4}, ("max_nodes=-4", "positive")),
+    ({"max_nodes": 60}, ("max_nodes=60", "too small", "capacity 60")),
+    ({"max_nodes": 77, "op_offload": False}, ("max_nodes=77", "too small", "capacity 77")),
+    ({"devices": ("gpu",)}, ("unknown device 'gpu'", "known kinds")),
+    ({"n_ubatch": 1024, "n_batch": 512}, ("n_ubatch=1024", "n_batch=512")),
+    ({"n_gpu_layers": -2}, ("n_gpu_layers=-2", ">= 0")),
+    ({"type_k": "q8_0", "type_v": "q8_0"}, ("q8_0", "block size 32", "n_embd_head_k=16")),
+    ({"type_v": "q4_0"}, ("V cache type q4_0", "n_embd_head_v=16")),
+    ({"n_ctxx": 5}, ("n_ctxx",)),
+])
+def test_bad_input_keeps_the_context(changes: dict, words: tuple[str, ...]) -> None:
+    ctx = _ctx()
+    s0, sizes0, params0, cp0 = ctx.scheduler, ctx.compute_buffers_bytes(), ctx.sched_params_cur, ctx.cparams
+    n_events = len(ctx.events)
+    with pytest.raises(ValueError) as e:
+        ctx.update(**changes)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    assert ctx.scheduler is s0 and ctx.sched_params_cur == params0 and ctx.cparams == cp0
+    assert ctx.compute_buffers_bytes() == sizes0 == {"CPU": 32965632}   # oracle: cpu-tiny c256 FA off
+    assert len(ctx.events) == n_events + 1 and ctx.events[-1].decision == "error"
+    assert ctx.events[-1].error == str(e.value)
+    # still usable: the next reserve reuses the same scheduler
+    ev = ctx.update(max_nodes=1024)
+    assert ev.decision == "reused" and ctx.scheduler is s0
+    assert ctx.compute_buffers_bytes() == sizes0
+
+
+def test_too_small_max_nodes_at_creation() -> None:
+    with pytest.raises(ValueError, match="max_nodes=50 is too small"):
+        Context(presets.tiny(), ContextParams(n_ctx=256, n_gpu_layers=0), max_nodes=50)
+
+
+def test_a_reused_scheduler_still_needs_graph_capacity() -> None:
+    """llama's graph container has max_nodes slots even when a larger scheduler is kept (78 nodes here)."""
+    ctx = _ctx()
+    with pytest.raises(ValueError, match="capacity 70"):
+        ctx.update(max_nodes=70)
+    ev = ctx.update(max_nodes=78)
+    assert ev.decision == "reused" and ev.hash_size == 1031 and ev.params.max_nodes == 78
+
+
+def test_quantized_v_cache_needs_flash_attention() -> None:
+    with pytest.raises(ValueError, match="V cache quantization \\(q8_0\\) requires flash_attn"):
+        Context(presets.small(), ContextParams(n_ctx=256, flash_attn="off", type_v="q8_0", n_gpu_layers=0))

@@ -1,0 +1,145 @@
+"""The seed (#32009): sched_new keeps a compatible scheduler; what reuse keeps; the pipeline fallback."""
+
+from __future__ import annotations
+
+import pytest
+from oracle_cases import case
+
+from toolkit.backend import Buffer
+from toolkit.context import Context, SchedParams
+from toolkit.ggml import F32, Graph, ops
+from toolkit.ggml.tensor import BufferUsage
+from toolkit.models import ContextParams, presets
+from toolkit.models.cases import context_from_case
+from toolkit.sched import hash_size
+
+
+def _tiny(**kw: object) -> Context:
+    cp = ContextParams(n_ctx=1024, n_batch=2048, n_ubatch=512, flash_attn="on", n_gpu_layers=0)
+    return Context(presets.tiny(), cp.replace(**kw))
+
+
+@pytest.mark.parametrize(("new", "ok"), [
+    (SchedParams(1024, False, True), True),    # identical
+    (SchedParams(512, False, True), True),     # fewer nodes: the hash set is big enough
+    (SchedParams(1025, False, True), False),   # more nodes
+    (SchedParams(1024, True, True), False),    # pipeline parallelism differs
+    (SchedParams(1024, False, False), False),  # op offload differs
+])
+def test_can_reuse_branches(new: SchedParams, ok: bool) -> None:
+    assert new.can_reuse(SchedParams(1024, False, True)) is ok
+
+
+def test_sched_new_keeps_or_replaces_the_scheduler() -> None:
+    ctx = _tiny()
+    s0 = ctx.scheduler
+    assert ctx.sched_new(SchedParams(512, False, True)) is True and ctx.scheduler is s0
+    assert ctx.sched_params_cur == SchedParams(1024, False, True)  # the kept scheduler's params
+    assert ctx.sched_new(SchedParams(2048, False, True)) is False and ctx.scheduler is not s0
+    s1 = ctx.scheduler
+    assert ctx.sched_new(SchedParams(2048, False, False)) is False and ctx.scheduler is not s1
+    assert ctx.sched_new(SchedParams(2048, True, False)) is False and ctx.scheduler.n_copies == 4
+
+
+def test_events_explain_each_decision() -> None:
+    ctx = _tiny()
+    first = ctx.events[0]
+    assert first.decision == "rebuilt" and [r.field for r in first.reasons] == ["scheduler"]
+    assert first.host_metadata_bytes == ctx.scheduler.host_metadata_bytes > 0
+    big = ctx.update(max_nodes=4096)
+    assert big.decision == "rebuilt" and [(r.field, r.before, r.after) for r in big.reasons] == \
+        [("max_nodes", 1024, 4096)]
+    assert big.hash_size == hash_size(4096) == 4099
+    small = ctx.update(max_nodes=1024)
+    assert small.decision == "reused" and small.host_metadata_bytes == 0 and small.saved_host_metadata_bytes > 0
+    assert small.params == SchedParams(1024, False, True) and small.previous == SchedParams(4096, False, True)
+    assert small.hash_size == small.kept_hash_size == 4099   # the old, larger hash set stays
+    off = ctx.update(op_offload=False)
+    assert off.decision == "rebuilt" and [(r.field, r.before, r.after) for r in off.reasons] == \
+        [("op_offload", True, False)]
+    par = ctx.update(parallel=True)
+    assert par.decision == "rebuilt" and par.n_copies == 4 and par.pipeline_parallel
+    assert [str(r) for r in par.reasons] == ["parallel off \u2192 on"]
+    assert [e.index for e in ctx.events] == list(range(5))
+    assert all(e.n_nodes_pp == 68 and e.n_splits_pp == 1 for e in ctx.events)
+
+
+def test_reused_buffers_keep_their_historical_size() -> None:
+    """A fresh context at ub 128 gets the oracle's 16,679,424 B; after ub 512 a reused scheduler keeps
+    66,717,696 B (cases cpu-tiny_f32-c1024-b256-ub128-faon and -b2048-ub512-faon)."""
+    fresh = _tiny(n_batch=256, n_ubatch=128)
+    assert fresh.compute_buffers_bytes() == {"CPU": 16679424}
+    ctx = _tiny()
+    assert ctx.compute_buffers_bytes() == {"CPU": 66717696}
+    ev = ctx.update(n_batch=256, n_ubatch=128)
+    assert ev.decision == "reused"
+    assert ev.kept_buffers == {"CPU": 66717696}
+    assert ctx.compute_buffers_bytes() == {"CPU": 66717696}
+    b = ev.buffers[0]
+    assert (b.allocated, b.needed_pp) == (66717696, 16679424)
+    # a rebuild reports the current worst case again
+    assert ctx.update(op_offload=False).buffers[0].allocated == 16679424
+
+
+def test_split_capacities_carry_over_under_reuse() -> None:
+    """A split that grew its input capacity (spec §3.5, T5) keeps it in a reused scheduler."""
+    ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="on", devices=("sim",)))
+    s = ctx.scheduler
+    gpu = ctx.backends[0]
+    # 29 single-input nodes, then one node with two new inputs: the capacity doubles (T5's variant)
+    acc = None
+    g = Graph(1024)
+    xs = []
+    for i in range(31):
+        x = ops.new_tensor_1d(F32, 4, f"x{i}").set_input()
+        w = ops.new_tensor_1d(F32, 4, f"w{i}")
+        w.buffer = Buffer(gpu.buft, 16, BufferUsage.WEIGHTS)
+        xs.append((x, w))
+    for i in range(29):
+        y = ops.mul(xs[i][0], xs[i][1])
+        acc = y if acc is None else ops.add(acc, y)
+    acc = ops.add(acc, ops.add(xs[29][0], xs[30][0]))
+    acc = ops.mul(acc, xs[29][1])
+    g.build_forward_expand(acc)
+    s.reset()
+    assert s.reserve(g)
+    assert max(s.split_capacities) == 60
+    ev = ctx.update(max_nodes=1024)
+    assert ev.decision == "reused" and ev.kept_split_capacities == (60,)
+    assert max(ctx.scheduler.split_capacities) == 60
+    assert ctx.update(op_offload=False).kept_split_capacities == ()
+
+
+def test_memory_budget_forces_the_fallback_without_pipeline_parallelism() -> None:
+    cp = ContextParams(n_ctx=1024, n_ubatch=512, flash_attn="on", devices=("sim", "sim"))
+    free = Context(presets.tiny(), cp)
+    assert free.events[-1].decision == "rebuilt" and free.pipeline_parallel and free.n_copies == 4
+    serial = Context(presets.tiny(), cp, parallel=False)
+    need_pp = free.compute_buffers_bytes()["SIM1"]
+    need_serial = serial.compute_buffers_bytes()["SIM1"]
+    assert need_pp > need_serial
+    budget = (need_pp + need_serial) // 2
+    ctx = Context(presets.tiny(), cp.replace(devices=("sim", f"sim:{budget}")))
+    ev = ctx.events[-1]
+    assert ev.decision == "fallback"
+    assert ev.warnings == ("compute buffer allocation failed, retrying without pipeline parallelism",)
+    assert ("parallel", True, False) in [(r.field, r.before, r.after) for r in ev.reasons]
+    assert not ctx.pipeline_parallel and ctx.n_copies == 1 and not ev.pipeline_parallel
+    assert ctx.compute_buffers_bytes() == serial.compute_buffers_bytes()
+    # below even the serial need: the error names the buffer and the budget
+    with pytest.raises(ValueError, match=r"failed to allocate compute pp buffers.*budget \d+ B"):
+        Context(presets.tiny(), cp.replace(devices=("sim", f"sim:{need_serial - 1}")))
+
+
+def test_oracle_forced_pipeline_case_replays_as_fallback_under_a_budget() -> None:
+    """The FORCEPP case's RPC1 buffer (66,191,360 B) does not fit 66,000,000 B; without pipeline parallelism
+    the unforced case's 65,667,072 B does."""
+    c = case("rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon-FORCEPP")
+    ctx = context_from_case(c)
+    assert ctx.compute_buffers_bytes() == c["observed"]["compute_buffers_bytes"]
+    ctx.scheduler.bufts[1].alloc_limit = 66_000_000
+    ctx.scheduler.free()
+    ev = ctx.update(max_nodes=2048)
+    assert ev.decision == "fallback" and ev.n_copies == 1
+    unforced = case("rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon")
+    assert ctx.compute_buffers_bytes() == unforced["observed"]["compute_buffers_bytes"]

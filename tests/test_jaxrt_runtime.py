@@ -1,0 +1,133 @@
+"""Compile cache, XLA analyses, devices, the Context entry points and the ``run`` CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
+
+request_cpu_devices(4)
+
+from toolkit.backend import profiles  # noqa: E402
+from toolkit.context import Context  # noqa: E402
+from toolkit.ggml import F32, Graph, ops  # noqa: E402
+from toolkit.jaxrt import cli  # noqa: E402
+from toolkit.jaxrt.compile import CompileCache, SplitProgram, enable_persistent_cache  # noqa: E402
+from toolkit.jaxrt.devices import make_backends, parse_devices  # noqa: E402
+from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
+from toolkit.jaxrt.runtime import bind_executors, compile_splits, decode, engine, generate, load_weights  # noqa: E402
+from toolkit.models import ContextParams, presets  # noqa: E402
+
+HP = dataclasses.replace(presets.tiny("f32"), n_vocab=128)
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    enable_persistent_cache(str(tmp_path_factory.mktemp("jaxcache")))
+    path = str(tmp_path_factory.mktemp("m") / "tiny.gguf")
+    write_gguf(path, HP, seed=5)
+    return path
+
+
+def ctx_for(path: str, **cp: object) -> Context:
+    args: dict[str, object] = dict(n_ctx=256, n_batch=256, n_ubatch=32, flash_attn="off", type_k="f32",
+                                   type_v="f32", devices=("sim", "sim"))
+    args.update(cp)
+    ctx = Context(read_gguf(path, with_tensors=False).hparams, ContextParams(**args), parallel=False)  # type: ignore[arg-type]
+    load_weights(ctx, path)
+    return ctx
+
+
+def _program(n: int) -> SplitProgram:
+    x = ops.new_tensor_1d(F32, n, "x").set_input()
+    g = Graph(8)
+    g.build_forward_expand(ops.sqr(ops.scale(x, 2.0)))
+    return SplitProgram.build(g.nodes)
+
+
+def test_cache_key_is_the_signature_and_lru_is_bounded() -> None:
+    cache = CompileCache(max_entries=2)
+    dev = jax.local_devices(backend="cpu")[0]
+    a, a2, b, c = _program(8), _program(8), _program(16), _program(32)
+    assert a.signature == a2.signature != b.signature  # same computation from different tensors
+    _, hit = cache.get(a, dev)
+    _, hit2 = cache.get(a2, dev)
+    assert (hit, hit2) == (False, True)
+    entry, _ = cache.get(b, dev)
+    cache.get(c, dev)
+    assert len(cache.entries) == 2 and cache.evictions == 1
+    # XLA's memory analysis on CPU: one f32[16] argument; both results (scale, sqr) are returned
+    assert entry.argument_bytes == 16 * 4 and entry.output_bytes >= 2 * 16 * 4
+    assert entry.flops is not None and entry.flops > 0
+
+
+def test_rebuilt_scheduler_hits_the_cache_changed_splits_compile(gguf_path: str) -> None:
+    ctx = ctx_for(gguf_path, op_offload=False, n_gpu_layers=2)
+    decode(ctx, list(range(1, 41)))
+    ev = ctx.update(max_nodes=4096)  # a rebuild with an identical graph
+    assert ev.decision == "rebuilt"
+    info = compile_splits(ctx)  # n_ubatch = 32 tokens, as the first ubatch of the decode
+    assert info["compiled"] == 0 and info["cache_hits"] == len(info["splits"]) > 1
+    ctx.update(op_offload=True)  # batch 32: the CPU layer's MUL_MATs now run on SIM0
+    info = compile_splits(ctx)  # n_ubatch = 32 tokens, as the first ubatch of the decode
+    assert info["compiled"] > 0 and info["compile_ms"] > 0
+    for s in info["splits"]:
+        assert s["temp_bytes"] is not None and s["flops"] is not None
+
+
+def test_context_decode_keeps_kv_across_reuse(gguf_path: str) -> None:
+    ctx = ctx_for(gguf_path)
+    full = decode(ctx, [3, 1, 4, 1, 5])
+    eng = engine(ctx)
+    ctx2 = ctx_for(gguf_path)
+    part = decode(ctx2, [3, 1, 4])
+    ctx2.update(max_nodes=8192)            # the scheduler is rebuilt, the KV cache stays
+    rest = decode(ctx2, [1, 5])
+    np.testing.assert_allclose(np.concatenate([part, rest]), full, rtol=1e-5, atol=1e-5)
+    assert eng.n_past == 5 and engine(ctx2).n_past == 5
+    with pytest.raises(ValueError, match="do not fit the KV cache of 256 cells"):
+        decode(ctx2, list(range(300)))
+    assert len(generate(ctx2, [7], 3)) == 3
+
+
+def test_devices_order_names_and_errors() -> None:
+    bs = make_backends("sim:3")
+    assert [b.name for b in bs] == ["SIM0", "SIM1", "SIM2", "CPU"]
+    devs = [b.executor for b in bs]
+    assert len(set(devs)) == 4 and bs[-1].is_cpu
+    assert [b.name for b in make_backends("cpu")] == ["CPU"]
+    assert parse_devices("sim:2") == ("sim", 2)
+    with pytest.raises(ValueError, match="expected cpu, sim:N or auto"):
+        parse_devices("gpu0")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        with pytest.raises(ValueError, match="CUDA0 needs a JAX GPU"):
+            bind_executors([profiles.cuda_like(0), profiles.cpu()])
+
+
+def test_persistent_cache_writes_entries(tmp_path: object) -> None:
+    d = enable_persistent_cache(str(tmp_path))
+    assert d == str(tmp_path)
+    CompileCache().get(_program(24), jax.local_devices(backend="cpu")[0])
+    assert os.listdir(d)
+
+
+def test_cli_json_logits_match_decode(gguf_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["--gguf", gguf_path, "--tokens", "5,6,7", "--devices", "sim:2", "--ngl", "2",
+                   "--parallel", "off", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(out["logits"]) == HP.n_vocab
+    assert [b["name"] for b in out["backends"]] == ["SIM0", "SIM1", "CPU"]
+    want = decode(ctx_for(gguf_path, type_k="f16", type_v="f16", n_ubatch=512, n_ctx=512, n_batch=512,
+                          n_gpu_layers=2), [5, 6, 7])[-1]
+    np.testing.assert_allclose(out["logits"], want, rtol=1e-5, atol=1e-5)
+    rc = cli.main(["--gguf", gguf_path, "--tokens", "1,2", "--flash-attn", "on"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "split #0: CPU" in text and "last token logits" in text
+    assert cli.main(["--gguf", gguf_path, "--tokens", "1", "--devices", "tpu9"]) == 2

@@ -1,0 +1,31 @@
+"""The package imports cheaply: the pure core pulls in no jax, plotly or ipywidgets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import toolkit
+
+HEAVY = ("jax", "plotly", "ipywidgets")
+
+
+def _modules_loaded_by(statement: str) -> list[str]:
+    code = f"import sys; {statement}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return eval(out.stdout.strip())  # a printed list of str
+
+
+def test_import_toolkit_loads_no_heavy_module() -> None:
+    assert _modules_loaded_by("import toolkit") == []
+
+
+def test_pure_core_loads_no_heavy_module() -> None:
+    # the layers below jaxrt/ui (ARCHITECTURE.md) must stay importable without a device stack
+    assert _modules_loaded_by("import toolkit.ggml, toolkit.sched.plan, toolkit.context") == []
+
+
+def test_version_matches_metadata() -> None:
+    from importlib.metadata import version
+
+    assert toolkit.__version__ == version("toolkit")

@@ -1,0 +1,162 @@
+"""Scheduler lifecycle: budgets, reserve_size, copy rotation, pins, graph_copy shape, offline planner."""
+
+from __future__ import annotations
+
+import pytest
+from sched_fixtures import cpu, gpu, graph_of, reserve_then_alloc, weight
+from test_sched_vectors import _t2, _t9_build
+
+from toolkit.backend import Buffer, BufferType, profiles
+from toolkit.ggml import F32, Graph, ops
+from toolkit.ggml.tensor import BufferUsage
+from toolkit.sched import Scheduler, SchedulerAbort
+
+
+def test_budget_makes_reserve_fail() -> None:
+    g0, g1, c = profiles.simulated(0, budget=49152 - 1, min_batch=32), gpu(1), cpu()
+    s = Scheduler([g0, g1, c], None, 2048, False, True)
+    assert not s.reserve(_t9_build(g0, g1, c, 64)[0])
+    assert s.warnings[-1] == "failed to allocate SIM0 buffer of size 49152"
+    s.reset()
+    g0.buft.alloc_limit = 49152
+    assert s.reserve(_t9_build(g0, g1, c, 64)[0])
+    assert g0.buft.in_use == 49152 and s.buffer_size(0) == 49152
+    s.free()
+    assert g0.buft.in_use == 0
+
+
+def test_reserve_size_allocates_nothing_and_does_not_dedup() -> None:
+    c = cpu()
+    blas = profiles.blas_like(c)
+    s = Scheduler([blas, c], None, 2048, False, True)
+    w = weight(c, "w", 8, 8)
+    x = ops.new_tensor_2d(F32, 8, 2, "x").set_input()
+    g = graph_of(ops.mul_mat(w, ops.silu(ops.mul_mat(w, x))).set_output())
+    assert s.reserve_size(g) == [128, 128]
+    assert s.buffer_size(0) == 0 and c.buft.in_use == 0
+    assert s.graph_needed_sizes() == [128, 0]
+
+
+def test_copy_rotation_and_events() -> None:
+    s = _t2(4, True, parallel=True)     # reserve, reset, alloc_graph
+    assert s.cur_copy == 0 and s.next_copy == 1
+    assert s.events[0][0] is not None   # CUDA-like devices have events
+    assert s.events[1] == [None] * 4    # the CPU has none
+    seen = []
+    for _ in range(5):
+        s.reset()
+        g0, c = s.backends
+        w0, w1 = weight(g0, "w0", 16, 16), weight(c, "w1", 16, 16)
+        x = ops.new_tensor_2d(F32, 16, 4, "x").set_input()
+        o = ops.add(ops.silu(ops.mul_mat(w1, ops.silu(ops.mul_mat(w0, x)))), ops.silu(ops.mul_mat(w0, x)))
+        assert s.alloc_graph(graph_of(o.set_output()))
+        seen.append(s.cur_copy)
+    assert seen == [1, 2, 3, 0, 1]
+    s.reset()
+    s.synchronize()
+    assert s.next_copy == 0
+
+
+def test_graph_copy_shape_with_copies() -> None:
+    s = _t2(4, True, parallel=True)
+    n_inputs = sum(sp.n_inputs for sp in s.splits)
+    assert len(s.graph_copy_nodes) == 5 + 2 * n_inputs
+    assert len(s.graph_copy_leafs) == 3 + 4 * (s.n_graph_inputs + n_inputs)
+    names = {t.name for t in s.graph_copy_leafs}
+    assert {"CUDA0#x#1", "CPU#a0#3", "CPU#x#2"} <= names
+
+
+def test_alloc_graph_assigns_addresses_and_needs_reset() -> None:
+    s = _t2(4, True)
+    g = s._graph
+    assert g is not None
+    h1 = next(t for t in g.nodes if t.name == "h1")
+    assert s.tensor_address(h1) == ("CPU", 0, 256)
+    assert h1.buffer is None  # only pre-allocated tensors carry a buffer in this model
+    with pytest.raises(RuntimeError, match="already allocated"):
+        s.alloc_graph(graph_of(ops.sqr(ops.new_tensor_1d(F32, 4, "z").set_input())))
+
+
+def test_single_buffer_alloc_graph_re_reserves_itself() -> None:
+    s = Scheduler([cpu()], None, 64, False, True)
+    x = ops.new_tensor_1d(F32, 10, "x").set_input()
+    assert s.reserve(graph_of(ops.mul(x, ops.sqr(x)).set_output(), size=64))
+    assert s.buffer_size(0) == 128
+    s.reset()
+    y = ops.new_tensor_1d(F32, 100, "y").set_input()
+    assert s.alloc_graph(graph_of(ops.mul(y, ops.sqr(y)).set_output(), size=64))
+    assert s.buffer_size(0) == 832   # T7's n = 100 plan
+
+
+def test_pins_survive_until_reset() -> None:
+    g0, c = gpu(), cpu()
+    s = Scheduler([g0, c], None, 64, False, True)
+    x = ops.new_tensor_1d(F32, 4, "x").set_input()
+    y = ops.sqr(x)
+    s.set_tensor_backend(y, g0)
+    assert s.tensor_backend_id(y) == 0
+    s.reset()
+    assert s.tensor_backend_id(y) == -1
+
+
+def test_creation_checks() -> None:
+    with pytest.raises(ValueError, match="last backend must be a CPU"):
+        Scheduler([gpu()], None, 64, False, True)
+    g0 = gpu()
+    with pytest.raises(ValueError, match="does not support buffer type"):
+        Scheduler([g0, cpu()], [cpu().buft, None], 64, False, True)
+    with pytest.raises(ValueError, match="n_backends = 17"):
+        Scheduler([cpu()] * 17, None, 64, False, True)
+
+
+def test_preallocated_tensor_nobody_can_run_aborts() -> None:
+    c = cpu()
+    s = Scheduler([c], None, 64, False, True)
+    t = ops.new_tensor_1d(F32, 4, "kv")
+    t.buffer = Buffer(BufferType("elsewhere", 64), 16, BufferUsage.ANY)
+    with pytest.raises(SchedulerAbort, match=r"pre-allocated tensor \(kv\) in a buffer \(elsewhere\)"):
+        s.reserve(graph_of(ops.sqr(t)))
+
+
+def test_plan_snapshot_survives_reset() -> None:
+    s = _t2(64, True)
+    p = s.plan()
+    assert p.n_splits == 2 and p.n_nodes == 5 and p.graph_copy_nodes == len(s.graph_copy_nodes)
+    bufs = {b.buft: b for b in p.buffers}
+    assert bufs["CUDA0"].allocated == 12288 and bufs["CPU"].allocated == 4096
+    for b in p.buffers:
+        assert b.lower_bound is not None and b.lower_bound <= b.needed <= b.allocated
+
+
+def test_offline_planner_never_worse_than_lower_bound() -> None:
+    g0, g1, c = gpu(0), gpu(1), cpu()
+    s = Scheduler([g0, g1, c], None, 2048, False, True, planner="offline")
+    reserve_then_alloc(s, lambda: _t9_build(g0, g1, c, 64)[0])
+    p = s.plan()
+    for b in p.buffers:
+        assert b.lower_bound is not None and b.lower_bound <= b.needed
+    assert s.n_splits == 3
+
+
+def test_unknown_planner() -> None:
+    with pytest.raises(ValueError, match="planner 'best'"):
+        Scheduler([cpu()], None, 64, False, True, planner="best")
+
+
+def test_graph_inputs_named_by_backend() -> None:
+    s = _t2(4, True)
+    names = [t.name for t in s.graph_copy_nodes]
+    assert names[:2] == ["x (view)", "CUDA0#x#0"]
+    assert isinstance(s._graph, Graph)
+
+
+def test_offline_planner_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import toolkit.sched
+    monkeypatch.setitem(sys.modules, "toolkit.sched.offline", None)
+    monkeypatch.delattr(toolkit.sched, "offline", raising=False)
+    s = Scheduler([cpu()], None, 64, False, True, planner="offline")
+    x = ops.new_tensor_1d(F32, 4, "x").set_input()
+    with pytest.raises(ImportError, match="planner='offline' needs toolkit.sched.offline"):
+        s.reserve(graph_of(ops.sqr(x).set_output(), size=64))

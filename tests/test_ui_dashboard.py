@@ -1,0 +1,256 @@
+"""The dashboard driven headless: control changes -> ctx.update -> badge and figures.
+
+``StubContext`` stands in for toolkit.context.Context with the same surface (cparams, hparams,
+events, scheduler, update) so the widget plumbing is tested on its own; the same checks run on
+a real Context in test_ui_context.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import Any
+
+import hypothesis.strategies as st
+import plotly.graph_objects as go
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from toolkit.context import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class StubCParams:
+    n_ctx: int = 512
+    n_batch: int = 512
+    n_ubatch: int = 128
+    flash_attn: str = "auto"
+    n_gpu_layers: int = 3
+    op_offload: bool = True
+    pipeline_parallel: bool = False
+
+
+@dataclass(frozen=True)
+class StubHParams:
+    n_layer: int = 2
+
+
+@dataclass
+class StubScheduler:
+    max_nodes: int
+
+
+class StubContext:
+    """The seed's sched_new in a few lines, with sizes that are a simple function of cparams."""
+
+    N_TENSORS = 200          # auto max_nodes = max(1024, 8 * 200) = 1600
+    N_NODES = 700            # a graph of this size needs max_nodes >= N_NODES
+
+    def __init__(self) -> None:
+        self.cparams = StubCParams()
+        self.hparams = StubHParams()
+        self.max_nodes_override: int | None = None
+        self.events: list[ReserveEvent] = []
+        self.scheduler: StubScheduler | None = None
+        self.cur: SchedParams | None = None
+        self.alloc = 0
+        self.update_calls: list[dict[str, Any]] = []
+        self.sched_reserve(trigger="initial")
+
+    def update(self, **changes: Any) -> ReserveEvent:
+        self.update_calls.append(changes)
+        new = replace(self.cparams, **{k: v for k, v in changes.items() if k != "max_nodes"})
+        mn = changes.get("max_nodes", self.max_nodes_override)
+        if new.n_ubatch > new.n_batch:
+            raise ValueError(f"n_ubatch {new.n_ubatch} > n_batch {new.n_batch}")
+        if mn is not None and mn < self.N_NODES:
+            raise ValueError(f"max_nodes {mn} < graph nodes {self.N_NODES}")
+        self.cparams, self.max_nodes_override = new, mn
+        return self.sched_reserve(trigger=", ".join(f"{k}={v}" for k, v in changes.items()))
+
+    def sched_reserve(self, trigger: str = "") -> ReserveEvent:
+        mn = self.max_nodes_override or max(1024, 8 * self.N_TENSORS)
+        p = SchedParams(mn, self.cparams.pipeline_parallel, self.cparams.op_offload)
+        prev = self.cur
+        need = self.cparams.n_ubatch * self.cparams.n_ctx * 4
+        if self.scheduler is not None and prev is not None and p.can_reuse(prev):
+            decision, reasons = "reused", (Reason("max_nodes", prev.max_nodes, mn),)
+            self.alloc = max(self.alloc, need)
+        else:
+            decision = "rebuilt"
+            reasons = () if prev is None else tuple(
+                Reason(f, getattr(prev, f), getattr(p, f)) for f in ("max_nodes", "parallel", "op_offload")
+                if getattr(prev, f) != getattr(p, f))
+            self.scheduler, self.cur, self.alloc = StubScheduler(mn), p, need
+        ev = ReserveEvent(len(self.events), decision, reasons, p, prev, trigger, {"total": 1.0},  # type: ignore[arg-type]
+                          host_metadata_bytes=368 * mn if decision == "rebuilt" else 0,
+                          saved_host_metadata_bytes=368 * mn if decision == "reused" else 0,
+                          buffers=(BufferSize("CPU", "CPU", self.alloc, need, need // 4),),
+                          kv_bytes={"CPU": self.cparams.n_ctx * 1024})
+        self.events.append(ev)
+        return ev
+
+
+def make_dashboard(**kw: Any) -> tuple[StubContext, Dashboard]:
+    ctx = StubContext()
+    return ctx, Dashboard(ctx, debounce_s=0, **kw)
+
+
+def test_parse_max_nodes() -> None:
+    assert parse_max_nodes("auto") is None and parse_max_nodes(" ") is None
+    assert parse_max_nodes("4096") == 4096
+    with pytest.raises(ValueError, match="'lots'"):
+        parse_max_nodes("lots")
+    with pytest.raises(ValueError, match="-3 must be > 0"):
+        parse_max_nodes("-3")
+
+
+def test_initial_state_and_figures() -> None:
+    ctx, dash = make_dashboard()
+    assert dash.badge_text().startswith("REBUILT · first scheduler")
+    assert "toolkit-badge-rebuilt" in dash.badge.value
+    assert all(isinstance(f, go.FigureWidget) for f in dash.figures.values())
+    assert len(dash.figures["timeline"].data) > 0
+    assert "Dashboard(" in repr(dash)
+
+
+def test_control_change_reuses_then_rebuilds() -> None:
+    ctx, dash = make_dashboard()
+    dash.controls["max_nodes"].value = "1000"          # 1000 <= 1600: reused
+    assert ctx.update_calls[-1] == {"max_nodes": 1000}
+    assert dash.badge_text().startswith("REUSED · max_nodes 1000 <= 1600")
+    assert "toolkit-badge-reused" in dash.badge.value
+    dash.controls["op_offload"].value = False           # op_offload differs: rebuilt
+    assert dash.badge_text().startswith("REBUILT") and "op_offload on \u2192 off" in dash.badge_text()
+    dash.controls["max_nodes"].value = "auto"          # back to 1600 > 1000 held: rebuilt
+    assert ctx.update_calls[-1] == {"max_nodes": None}
+    assert dash.badge_text().startswith("REBUILT · max_nodes 1600 > 1000")
+
+
+def test_buffer_bars_follow_the_newest_event() -> None:
+    ctx, dash = make_dashboard()
+    bars = {t.name: t for t in dash.figures["buffers"].data}
+    before = list(bars["KV cache"].customdata)
+    dash.controls["n_ctx"].value = 1024
+    bars = {t.name: t for t in dash.figures["buffers"].data}
+    assert list(bars["KV cache"].customdata) == [1024 * 1024] != before
+    # reuse keeps the larger compute buffer: allocated stays, needed drops
+    dash.controls["n_ctx"].value = 256
+    bars = {t.name: t for t in dash.figures["buffers"].data}
+    assert list(bars["compute allocated"].customdata) == [128 * 1024 * 4]
+    assert list(bars["compute needed"].customdata) == [128 * 256 * 4]
+
+
+def test_errors_show_inside_and_keep_state() -> None:
+    ctx, dash = make_dashboard()
+    n = len(ctx.events)
+    drawn = dash.figures["buffers"].to_dict()
+    dash.controls["max_nodes"].value = "12"             # smaller than the graph
+    assert dash.error is not None and "max_nodes 12 < graph nodes 700" in dash.error
+    assert "toolkit-badge-error" in dash.badge.value and "max_nodes 12" in dash.errors.value
+    assert len(ctx.events) == n and dash.figures["buffers"].to_dict() == drawn
+    dash.controls["max_nodes"].value = "nonsense"
+    assert "'nonsense'" in (dash.error or "")
+    dash.controls["max_nodes"].value = "800"            # a valid change clears the error
+    assert dash.error is None and dash.badge_text().startswith("REUSED")
+
+
+def test_error_in_a_callback_never_escapes() -> None:
+    ctx, dash = make_dashboard()
+
+    def boom(**_: Any) -> None:
+        raise RuntimeError("device lost")
+
+    ctx.update = boom  # type: ignore[method-assign]
+    dash.controls["n_ubatch"].value = 64
+    assert "RuntimeError: device lost" in dash.badge_text()
+
+
+def test_apply_sends_one_update() -> None:
+    ctx, dash = make_dashboard()
+    dash.apply(n_ctx=2048, n_ubatch=256, max_nodes="900")
+    assert ctx.update_calls == [{"n_ctx": 2048, "n_ubatch": 256, "max_nodes": 900}]
+
+
+def test_rapid_changes_coalesce_last_value_wins() -> None:
+    ctx = StubContext()
+
+    async def drag() -> Dashboard:
+        dash = Dashboard(ctx, debounce_s=0.05)
+        for v in (64, 32, 16, 8, 4):                    # a slider dragged through five stops
+            dash.controls["n_ubatch"].value = v
+        assert ctx.update_calls == []                   # nothing yet: still inside the burst
+        await asyncio.sleep(0.2)
+        return dash
+
+    dash = asyncio.run(drag())
+    assert ctx.update_calls == [{"n_ubatch": 4}]
+    assert dash.n_updates == 1 and ctx.events[-1].trigger == "n_ubatch=4"
+
+
+def test_runtime_buttons_degrade_gracefully() -> None:
+    ctx, dash = make_dashboard()
+    dash.compile_button.click()
+    dash.run_button.click()
+    # either the runtime is missing, or this stub context cannot compile / decode: said, not raised
+    assert dash.runtime.value.startswith(("JAX runtime unavailable", "compile unavailable", "run failed",
+                                          "<span style='color:#D55E00'>run failed"))
+
+
+def test_split_map_collapse_toggle_redraws() -> None:
+    from test_ui_figures import sample_plan
+
+    ctx, dash = make_dashboard()
+    ev = ctx.events[-1]
+    ctx.events[-1] = replace(ev, plan=sample_plan())
+    dash._draw(force=True)
+    layered = len(dash.figures["split_map"].data)
+    dash.collapse.value = "none"
+    assert len(dash.figures["split_map"].data) >= layered
+
+
+CHANGES = st.one_of(
+    st.tuples(st.just("max_nodes"), st.sampled_from(["auto", "700", "900", "1600", "2000", "4096", "8"])),
+    st.tuples(st.just("parallel"), st.booleans()),
+    st.tuples(st.just("op_offload"), st.booleans()),
+    st.tuples(st.just("n_ctx"), st.sampled_from([256, 512, 1024, 2048])),
+    st.tuples(st.just("n_ubatch"), st.sampled_from([32, 64, 128, 512, 1024])),
+    st.tuples(st.just("n_batch"), st.sampled_from([256, 512, 1024])),
+)
+
+
+def expected_max_nodes(text: str, auto: int) -> int:
+    return auto if text == "auto" else int(text)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(CHANGES, min_size=1, max_size=12))
+def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]]) -> None:
+    ctx, dash = make_dashboard()
+    held = ctx.events[-1].params              # the live scheduler's params (sched_params_cur)
+    for key, value in changes:
+        n_events = len(ctx.events)
+        if dash.controls[key].value == value:
+            continue                             # no change, no observer call
+        dash.controls[key].value = value
+        text = dash.badge_text()
+        if len(ctx.events) == n_events:          # rejected input: shown, state kept
+            assert dash.error is not None and text.startswith("ERROR")
+            continue
+        ev = ctx.events[-1]
+        assert text.startswith(ev.decision.upper())
+        assert ev.params.max_nodes == expected_max_nodes(str(dash.controls["max_nodes"].value), 1600)
+        # the seed's rule, written out independently of SchedParams.can_reuse
+        reuse = (ev.params.parallel == held.parallel and ev.params.op_offload == held.op_offload
+                 and ev.params.max_nodes <= held.max_nodes)
+        assert ev.decision == ("reused" if reuse else "rebuilt")
+        if not reuse:
+            held = ev.params
+
+
+def test_update_keys_cover_every_plain_control() -> None:
+    _, dash = make_dashboard()
+    assert set(UPDATE_KEYS) | {"model", "gguf", "devices", "budget_mib"} == set(dash.controls)

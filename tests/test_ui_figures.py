@@ -1,0 +1,209 @@
+"""Figure builders and their text forms, on ReserveEvents / Plans built by hand.
+
+The sizes below are arbitrary inputs (not claims about llama.cpp); the assertions check that
+the figures draw exactly the data they were given.
+"""
+
+from __future__ import annotations
+
+import json
+
+import plotly.graph_objects as go
+import pytest
+
+from toolkit.context import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
+from toolkit.ui import figures, text
+from toolkit.ui.layers import group_starts, layer_labels, layer_of, node_runs
+from toolkit.ui.style import DECISION_COLOUR, MIB
+
+BACKENDS = ("CUDA0", "CUDA1", "CPU")
+LAYER_OPS = (("attn_norm", "RMS_NORM"), ("Qcur", "MUL_MAT"), ("Kcur", "MUL_MAT"), ("kq", "MUL_MAT"),
+             ("kq_soft_max", "SOFT_MAX"), ("ffn_swiglu", "GLU"), ("l_out", "ADD"))
+
+
+def sample_plan(n_layer: int = 4, lower_bound: int | None = 3 * MIB) -> Plan:
+    """inp_embd on CPU, the first half of the layers on CUDA0, the rest and the head on CUDA1."""
+    names: list[tuple[str, str, int, Cause]] = [("inp_embd", "GET_ROWS", 2, Cause.INPUT)]
+    for il in range(n_layer):
+        bid = 0 if il < n_layer // 2 else 1
+        for j, (base, op) in enumerate(LAYER_OPS):
+            names.append((f"{base}-{il}", op, bid, Cause.WEIGHT if op == "MUL_MAT" else Cause.EXPAND_DOWN))
+    names += [("result_norm", "RMS_NORM", 1, Cause.EXPAND_DOWN), ("result_output", "MUL_MAT", 1, Cause.WEIGHT)]
+    nodes, splits, allocs = [], [], []
+    split, prev = -1, -1
+    for i, (name, op, bid, cause) in enumerate(names):
+        if bid != prev:
+            split += 1
+            prev = bid
+        nodes.append(NodePlacement(i, name, op, BACKENDS[bid], bid, cause, split, False, 4096 * (1 + i % 3)))
+    bounds = [(0, 1, 2), (1, 1 + 7 * (n_layer // 2), 0), (1 + 7 * (n_layer // 2), len(names), 1)]
+    for k, (a, b, bid) in enumerate(bounds):
+        ins = () if k == 0 else (SplitInput(names[a - 1][0], BACKENDS[bounds[k - 1][2]], 8192, False),)
+        splits.append(SplitInfo(k, BACKENDS[bid], bid, a, b, ins, 16))
+    for i, n in enumerate(nodes):
+        buft = n.backend
+        allocs.append(TensorAlloc(n.name, buft, 0, (i % 4) * 65536, 65536, i, min(i + 2, len(nodes))))
+    buffers = (BufferPlan("CUDA0", ("CUDA0",), 4 * MIB, 262144, (262144,), lower_bound),
+               BufferPlan("CUDA1", ("CUDA1",), 4 * MIB, 262144, (262144,), None),
+               BufferPlan("CPU", ("CPU",), 65536, 65536, (65536,), None))
+    return Plan(len(nodes), 20, 1, tuple(nodes), tuple(splits), tuple(allocs), buffers)
+
+
+def _event(i: int, decision: str, params: SchedParams, prev: SchedParams | None, reasons: tuple[Reason, ...],
+           alloc: int, need: int, trigger: str, **kw: object) -> ReserveEvent:
+    bufs = (BufferSize("CUDA0", "CUDA0", alloc, need, need // 2), BufferSize("CPU", "CPU", 65536, 65536, 4096))
+    host = 1000 * params.max_nodes if decision in ("rebuilt", "fallback") else 0
+    saved = 1000 * params.max_nodes if decision == "reused" else 0
+    return ReserveEvent(i, decision, reasons, params, prev, trigger, {"sched_new": 0.5, "total": 2.0 + i},  # type: ignore[arg-type]
+                        host, saved, 2 * params.max_nodes, (16,), bufs, {"CUDA0": 8 * MIB}, {"CUDA0": 20 * MIB},
+                        {"CPU": MIB}, 300, 290, 3, 2, 1, False, plan=sample_plan(), **kw)  # type: ignore[arg-type]
+
+
+def sample_events() -> list[ReserveEvent]:
+    p0 = SchedParams(4096, False, True)
+    p1 = SchedParams(8192, False, True)
+    p2 = SchedParams(2048, False, True)
+    p3 = SchedParams(2048, True, True)
+    return [
+        _event(0, "rebuilt", p0, None, (), 3 * MIB, 3 * MIB, "initial"),
+        _event(1, "rebuilt", p1, p0, (Reason("max_nodes", 4096, 8192),), 5 * MIB, 5 * MIB, "n_ubatch 512 -> 1024"),
+        _event(2, "reused", p2, p1, (Reason("max_nodes", 8192, 2048),), 5 * MIB, 2 * MIB, "n_ubatch 1024 -> 256"),
+        _event(3, "fallback", p2, p3, (Reason("parallel", True, False),), 2 * MIB, 2 * MIB, "parallel off -> on",
+               warnings=("compute buffer allocation failed, retrying without pipeline parallelism",)),
+        ReserveEvent(4, "error", (), p2, p2, "n_ctx 99999999", error="n_ctx 99999999 > n_ctx_train 8192"),
+    ]
+
+
+def test_layer_of_reads_llama_names() -> None:
+    assert layer_of("Qcur-3") == 3
+    assert layer_of("kq_soft_max-12") == 12
+    assert layer_of("Qcur-3 (reshaped)") == 3
+    assert layer_of("cache_k_l7 (view)") == 7
+    assert layer_of("inp_embd") is None
+    assert layer_of("node_12") is None
+    assert layer_labels(sample_plan().nodes)[:2] == ["input", "L0"]
+    assert layer_labels(sample_plan().nodes)[-1] == "output"
+
+
+def test_node_runs_collapse_by_layer_and_split() -> None:
+    plan = sample_plan(n_layer=4)
+    runs = node_runs(plan, "layer")
+    assert [r.group for r in runs] == ["input", "L0", "L1", "L2", "L3", "output"]
+    assert sum(r.count for r in runs) == plan.n_nodes
+    assert [r.backend for r in runs] == ["CPU", "CUDA0", "CUDA0", "CUDA1", "CUDA1", "CUDA1"]
+    assert len(node_runs(plan, "split")) == plan.n_splits
+    assert len(node_runs(plan, "none")) == plan.n_nodes
+    assert runs[1].causes["weight"] == 3 and runs[1].ops["MUL_MAT"] == 3
+    assert [g for g, _ in group_starts(plan)] == ["input", "L0", "L1", "L2", "L3", "output"]
+
+
+@pytest.mark.parametrize("i,word", [(0, "REBUILT"), (1, "REBUILT"), (2, "REUSED"), (3, "FALLBACK"), (4, "ERROR")])
+def test_badge_text_names_decision_reason_and_effect(i: int, word: str) -> None:
+    ev = sample_events()[i]
+    line = text.badge_text(ev)
+    assert line.startswith(word)
+    html = text.badge_html(ev)
+    assert "toolkit-badge" in html and f"toolkit-badge-{ev.decision}" in html and word in html
+    fig = figures.badge(ev)
+    assert isinstance(fig, go.Figure)
+    assert fig.layout.meta["decision"] == ev.decision
+    assert fig.layout.annotations[0].font.color == DECISION_COLOUR[ev.decision]
+
+
+def test_badge_reasons_and_costs() -> None:
+    evs = sample_events()
+    assert text.badge_text(evs[0]).startswith("REBUILT · first scheduler · cost 3.91 MiB host metadata")
+    assert "max_nodes 8192 > 4096" in text.badge_text(evs[1])
+    assert "max_nodes 2048 <= 8192" in text.badge_text(evs[2])
+    assert "saved 1.95 MiB host metadata" in text.badge_text(evs[2])   # 1000 * 2048 bytes given above
+    assert "parallel on \u2192 off" in text.badge_text(evs[3])
+    assert "retrying without pipeline parallelism" in text.badge_text(evs[3])
+    assert "n_ctx 99999999 > n_ctx_train 8192" in text.badge_text(evs[4])
+    assert "planning 4.00 ms" in text.badge_text(evs[2])                # total 2.0 + index
+    err = text.badge_html(evs[2], error="n_ubatch 1024 > n_batch 512")
+    assert "toolkit-badge-error" in err and "n_ubatch 1024 &gt; n_batch 512" in err
+    assert text.badge_text(None) == "NO RESERVE YET"
+
+
+def test_timeline_one_marker_per_event_coloured_by_decision() -> None:
+    evs = sample_events()
+    fig = figures.timeline(evs)
+    marker_traces = [t for t in fig.data if t.mode == "markers"]
+    assert sum(len(t.x) for t in marker_traces) == len(evs)
+    for t in marker_traces:
+        assert t.marker.color == DECISION_COLOUR[t.name]
+        for x, h in zip(t.x, t.hovertext):
+            ev = evs[x]
+            assert ev.decision.upper() in h and ev.trigger in h and "max_nodes=" in h
+    reused = next(t for t in marker_traces if t.name == "reused")
+    assert list(reused.x) == [2] and list(reused.y) == [4.0]
+    assert text.timeline_text(evs).splitlines()[3].startswith("#2   REUSED")
+
+
+def test_buffer_sizes_newest_and_history() -> None:
+    evs = sample_events()
+    fig = figures.buffer_sizes(evs)
+    # the newest event is an error without buffers: the figure keeps the previous (fallback) state
+    assert fig.layout.meta["event"] == 3
+    by_name = {t.name: t for t in fig.data}
+    alloc = by_name["compute allocated"]
+    assert list(alloc.x) == ["CUDA0", "CPU"] and list(alloc.customdata) == [2 * MIB, 65536]
+    assert list(alloc.y) == [2.0, 65536 / MIB]
+    assert "2,097,152 B" in alloc.hovertext[0]
+    assert list(by_name["KV cache"].customdata) == [8 * MIB]
+    assert list(by_name["weights"].customdata) == [20 * MIB]
+    # held host metadata: the fallback's fresh scheduler
+    assert list(by_name["sched host metadata"].customdata) == [1000 * 2048]
+    hist = by_name["CUDA0 allocated"]
+    assert list(hist.x) == [0, 1, 2, 3] and list(hist.y) == [3.0, 5.0, 5.0, 2.0]
+    # under reuse (#2) allocated stays at 5 MiB while the graph needs 2 MiB
+    assert list(by_name["CUDA0 needed"].y) == [3.0, 5.0, 2.0, 2.0]
+    assert "compute allocated" in text.buffers_text(evs)
+    assert text.buffers_text([]) == "no buffers yet"
+    assert figures.buffer_sizes([]).layout.meta["text"] == "no buffers yet"
+
+
+def test_split_map_collapsed_and_detailed() -> None:
+    plan = sample_plan(n_layer=4)
+    fig = figures.split_map(plan)
+    node_bars = [t for t in fig.data if isinstance(t, go.Bar) and t.y[0].startswith("nodes")]
+    assert sum(sum(t.x) for t in node_bars) == plan.n_nodes
+    assert {t.name for t in node_bars} == {"CPU", "CUDA0", "CUDA1"}
+    assert len([t for t in fig.data if isinstance(t, go.Bar) and t.y[0] == "splits"]) == plan.n_splits
+    assert len(fig.layout.shapes) == plan.n_splits - 1           # boundaries between splits
+    copies = next(t for t in fig.data if t.name == "input copies")
+    assert list(copies.x) == [s.i_start for s in plan.splits if s.inputs]
+    assert any("weight" in h for t in node_bars for h in t.hovertext)   # placement cause on hover
+    assert list(fig.layout.xaxis.ticktext) == ["input", "L0", "L1", "L2", "L3", "output"]
+    detailed = figures.split_map(plan, collapse="none")
+    assert sum(len(t.x) for t in detailed.data if isinstance(t, go.Bar) and t.y[0] == "nodes") == plan.n_nodes
+    assert "split 1: CUDA0" in text.split_map_text(plan)
+    assert figures.split_map(None).layout.meta["text"] == "no plan"
+
+
+def test_memory_layout_rectangles_peak_and_lower_bound() -> None:
+    plan = sample_plan()
+    fig = figures.memory_layout(plan)
+    bars = [t for t in fig.data if isinstance(t, go.Bar)]
+    assert sum(len(t.x) for t in bars) == len(plan.allocs)
+    cuda0 = next(t for t in bars if t.name == "CUDA0")
+    first = next(a for a in plan.allocs if a.buft == "CUDA0")
+    assert cuda0.base[0] == first.offset / MIB and cuda0.y[0] == first.size / MIB
+    assert cuda0.width[0] == first.last - first.first + 1
+    notes = [a.text for a in fig.layout.annotations]
+    assert "lower bound 3.00 MiB" in notes and "peak 0.25 MiB" in notes
+    assert sum("lower bound" in n for n in notes) == 1        # only CUDA0 has one
+    assert "CUDA0: 14 tensors, peak 0.25 MiB" in text.memory_layout_text(plan)
+    only = figures.memory_layout(plan, buft="CPU")
+    assert [t.name for t in only.data if isinstance(t, go.Bar)] == ["CPU"]
+
+
+def test_figures_are_theme_neutral_and_serialisable() -> None:
+    evs = sample_events()
+    plan = sample_plan()
+    for fig in (figures.badge(evs[2]), figures.timeline(evs), figures.buffer_sizes(evs),
+                figures.split_map(plan), figures.memory_layout(plan)):
+        assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
+        assert fig.layout.template.layout.paper_bgcolor is None or fig.layout.paper_bgcolor
+        json.loads(fig.to_json())

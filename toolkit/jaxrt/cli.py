@@ -1,0 +1,127 @@
+"""``python -m toolkit run``: run tokens of a llama GGUF through the scheduled graph on JAX devices.
+
+    python -m toolkit run --gguf model.gguf --tokens 1,2,3 --devices sim:2 --ngl 99 --json
+
+Prints the backends, the reserve events, each split (backend, nodes, inputs, compiled or cache
+hit, compile ms, XLA's temp/argument/output bytes and flops) and the last token's logits
+(the full vector with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def _onoff(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("on", "1", "true", "yes"):
+        return True
+    if v in ("off", "0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {s!r}")
+
+
+def _tokens(s: str) -> list[int]:
+    try:
+        toks = [int(x) for x in s.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens {s!r}: expected comma-separated integers such as 1,2,3") from None
+    if not toks:
+        raise argparse.ArgumentTypeError("--tokens: at least one token id is needed")
+    return toks
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m toolkit run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--gguf", required=True, help="llama GGUF file (F32, F16, BF16, Q8_0, Q4_0 weights)")
+    p.add_argument("--tokens", required=True, type=_tokens, help="token ids, e.g. 1,2,3")
+    p.add_argument("--devices", default="cpu", help="cpu | sim:N (N simulated accelerators) | auto (JAX GPUs/TPUs)")
+    p.add_argument("--ngl", type=int, default=999, help="n_gpu_layers (default: all)")
+    p.add_argument("--op-offload", type=_onoff, default=True, metavar="on|off")
+    p.add_argument("--parallel", type=_onoff, default=None, metavar="on|off",
+                   help="pipeline parallelism (default: llama.cpp's rule)")
+    p.add_argument("--flash-attn", type=_onoff, default=False, metavar="on|off")
+    p.add_argument("--n-ubatch", type=int, default=512)
+    p.add_argument("--n-ctx", type=int, default=512)
+    p.add_argument("--sim-budget", default=None, help="compute-buffer budget of each simulated accelerator, e.g. 64M")
+    p.add_argument("--json", action="store_true", help="machine-readable output with the full logits vector")
+    return p
+
+
+def _model_devices(spec: str, budget: str | None) -> tuple[str, ...]:
+    import jax
+
+    from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
+
+    kind, n = parse_devices(spec)
+    if kind == "cpu":
+        return ()
+    if kind == "sim":
+        request_cpu_devices(n + 1)
+        return tuple(f"sim:{budget}" if budget else "sim" for _ in range(n))
+    devs = jax.devices()
+    gpus = sum(1 for d in devs if d.platform in GPU_PLATFORMS)
+    tpus = sum(1 for d in devs if d.platform == "tpu")
+    return ("cuda",) * gpus + ("tpu",) * tpus
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from toolkit.context import Context
+    from toolkit.jaxrt.gguf_io import read_gguf
+    from toolkit.jaxrt.runtime import engine, load_weights
+    from toolkit.models import ContextParams
+
+    devices = _model_devices(args.devices, args.sim_budget)
+    hp = read_gguf(args.gguf, with_tensors=False).hparams
+    cp = ContextParams(n_ctx=args.n_ctx, n_batch=max(args.n_ubatch, args.n_ctx), n_ubatch=args.n_ubatch,
+                       flash_attn="on" if args.flash_attn else "off", n_gpu_layers=args.ngl, devices=devices,
+                       op_offload=args.op_offload)
+    ctx = Context(hp, cp, parallel=args.parallel)
+    load_weights(ctx, args.gguf)
+    eng = engine(ctx)
+    logits = eng.decode(args.tokens)
+    last = logits[-1]
+    top = np.argsort(-last)[:5]
+    return {
+        "model": hp.name, "gguf": args.gguf, "tokens": args.tokens,
+        "backends": [{"name": b.name, "kind": b.kind, "device": str(b.executor)} for b in ctx.backends],
+        "events": [e.to_dict() for e in ctx.events], "events_text": [e.to_text() for e in ctx.events],
+        "ubatches": [{"n_tokens": lg.n_tokens, "n_copies": lg.n_copies, "weight_copies": lg.weight_copies,
+                      "splits": lg.splits} for lg in eng.log],
+        "splits_text": eng.rt.splits_text(),
+        "argmax": int(top[0]), "top5": [[int(i), float(last[i])] for i in top],
+        "logits": [float(x) for x in last],
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        out = run(args)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        out.pop("events_text")
+        print(json.dumps(out, default=str))
+        return 0
+    print(f"model {out['model']} ({out['gguf']}), {len(out['tokens'])} tokens")
+    print("backends: " + ", ".join(f"{b['name']} ({b['kind']}, {b['device']})" for b in out["backends"]))
+    print("events:")
+    for t in out["events_text"]:
+        print("  " + t.replace("\n", "\n  "))
+    print("splits (last ubatch):")
+    print("  " + out["splits_text"].replace("\n", "\n  "))
+    print(f"last token logits: argmax {out['argmax']}, top5 " +
+          ", ".join(f"{i}:{v:.4f}" for i, v in out["top5"]))
+    print("  first 8: " + " ".join(f"{x:.5f}" for x in out["logits"][:8]))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))

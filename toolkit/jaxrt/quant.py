@@ -1,0 +1,58 @@
+"""ggml block quantization in JAX: Q8_0 and Q4_0 dequantized inside the compiled kernel.
+
+Block layouts (ggml-common.h):
+- Q8_0: 34 bytes per 32 elements: ``d`` (f16, little endian), then 32 int8 ``qs``; x = d * q.
+- Q4_0: 18 bytes per 32 elements: ``d`` (f16), then 16 bytes of nibbles; byte j holds element j
+  in its low nibble and element j+16 in its high nibble; x = d * (q - 8).
+
+Weights stay quantized on their device (uint8 bytes in ggml layout); only the rows a kernel
+reads are expanded, so a GET_ROWS of a Q8_0 embedding dequantizes n_tokens rows, not the table.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from toolkit.ggml.types import GGMLType
+
+QK = 32  # elements per block for both Q8_0 and Q4_0
+
+
+def _scale(blocks: jnp.ndarray) -> jnp.ndarray:
+    """The f16 block scale from the first two bytes of each block, as f32."""
+    return lax.bitcast_convert_type(blocks[..., 0:2], jnp.float16).astype(jnp.float32)
+
+
+def dequant_q8_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """uint8 rows (..., nblocks*34) -> f32 rows (..., nblocks*32)."""
+    lead = raw.shape[:-1]
+    nblk = raw.shape[-1] // 34
+    blocks = raw.reshape(*lead, nblk, 34)
+    qs = lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
+    return (qs * _scale(blocks)[..., None]).reshape(*lead, nblk * QK)
+
+
+def dequant_q4_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """uint8 rows (..., nblocks*18) -> f32 rows (..., nblocks*32)."""
+    lead = raw.shape[:-1]
+    nblk = raw.shape[-1] // 18
+    blocks = raw.reshape(*lead, nblk, 18)
+    qs = blocks[..., 2:]
+    lo = (qs & 0x0F).astype(jnp.int32) - 8
+    hi = (qs >> 4).astype(jnp.int32) - 8
+    q = jnp.concatenate([lo, hi], axis=-1).astype(jnp.float32)  # elements 0..15, then 16..31
+    return (q * _scale(blocks)[..., None]).reshape(*lead, nblk * QK)
+
+
+DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0}
+
+
+def dequantize(raw: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
+    """Rows of a quantized tensor (uint8, ggml layout) to f32; a clear error for other types."""
+    try:
+        fn = DEQUANT[type_]
+    except KeyError:
+        known = ", ".join(t.name for t in DEQUANT)
+        raise NotImplementedError(f"the JAX runtime dequantizes {known}, not {type_.name}") from None
+    return fn(raw)

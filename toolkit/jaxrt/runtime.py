@@ -1,0 +1,305 @@
+"""Run llama ubatches through the scheduled graph: ``decode(ctx, tokens)`` and ``generate``.
+
+An :class:`Engine` holds what a llama context needs to really run: the backends bound to
+JAX devices, the device-resident weights and KV cache (:class:`~toolkit.jaxrt.execute.Runtime`),
+the number of tokens already in the cache, and a log of split compilations. Per ubatch it
+does what ``llama_context::decode`` does around the scheduler: reset, build the graph (pins
+applied), ``alloc_graph`` (which rotates the input copies under pipeline parallelism), set
+the inputs, compute the splits. Ubatches are dispatched without waiting, and logits are
+read once at the end, so with pipeline parallelism the devices overlap.
+
+The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` take a
+``toolkit.context.Context`` and keep their engine on it (``ctx._jaxrt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from toolkit.backend import Backend
+from toolkit.ggml.tensor import Tensor
+from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
+from toolkit.jaxrt.devices import GPU_PLATFORMS, configure_cpu_devices
+from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
+
+BuildFn = Callable[[int, int, int], Any]  # (n_tokens, n_seqs, n_outputs) -> LlamaGraph
+
+
+def bind_executors(backends: Sequence[Backend]) -> list[Any]:
+    """Give every backend without an executor a JAX device: CUDA-like → a JAX GPU, TPU → a TPU
+    core, CPU and CPU-sharing accelerators (BLAS) → the CPU device, anything else (simulated,
+    RPC-like, Metal-like) → its own extra CPU device (1, 2, …). Returns the devices in order."""
+    need_cpu = 1 + sum(1 for b in backends if b.executor is None and b.kind == "gpu"
+                       and not b.name.startswith(("CUDA", "TPU")))
+    if need_cpu > 1:
+        configure_cpu_devices(need_cpu)
+    cpus = jax.local_devices(backend="cpu")
+    gpus = [d for d in jax.devices() if d.platform in GPU_PLATFORMS]
+    tpus = [d for d in jax.devices() if d.platform == "tpu"]
+    next_cpu, n_gpu, n_tpu = 1, 0, 0
+    for b in backends:
+        if b.executor is not None:
+            continue
+        if b.kind != "gpu":  # CPU, and accelerators sharing the CPU buft (BLAS)
+            b.executor = cpus[0]
+        elif b.name.startswith("CUDA"):
+            if n_gpu >= len(gpus):
+                raise ValueError(f"backend {b.name} needs a JAX GPU but JAX has {len(gpus)}; "
+                                 f"use simulated accelerators (sim) on this machine")
+            b.executor, n_gpu = gpus[n_gpu], n_gpu + 1
+        elif b.name.startswith("TPU"):
+            if n_tpu >= len(tpus):
+                raise ValueError(f"backend {b.name} needs a JAX TPU core but JAX has {len(tpus)}")
+            b.executor, n_tpu = tpus[n_tpu], n_tpu + 1
+        else:
+            b.executor, next_cpu = cpus[next_cpu], next_cpu + 1
+    return [b.executor for b in backends]
+
+
+def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float = 0.1, *, tied: bool = False
+                        ) -> dict[str, np.ndarray]:
+    """Random weights in each tensor's own type (``t.data``); returns the f32 values ggml computes
+    with (after quantization). ``tied``: output.weight shares token_embd's data."""
+    from toolkit.jaxrt.gguf_io import decode_values, encode
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        ne = tuple(int(x) for x in t.ne[: max(t.n_dims, 1)])
+        if tied and name == "output.weight" and "token_embd.weight" in tensors:
+            continue
+        shape = tuple(reversed(ne))
+        vals = 1.0 + scale * rng.standard_normal(shape) if len(ne) == 1 else scale * rng.standard_normal(shape)
+        arr, _ = encode(np.asarray(vals, np.float32), t.type)
+        t.data = arr
+        out[name] = decode_values(arr, t.type, ne)
+    if tied and "output.weight" in tensors:
+        tensors["output.weight"].data = tensors["token_embd.weight"].data
+        out["output.weight"] = out["token_embd.weight"]
+    return out
+
+
+def attach_gguf(tensors: dict[str, Tensor], path: str, *, tied: bool = False) -> None:
+    """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked)."""
+    from toolkit.jaxrt.gguf_io import read_gguf
+
+    g = read_gguf(path)
+    for name, t in tensors.items():
+        key = "token_embd.weight" if (name == "output.weight" and name not in g.tensors) else name
+        gt = g.tensors.get(key)
+        if gt is None:
+            raise ValueError(f"{path}: tensor {key!r} is missing")
+        want = tuple(int(x) for x in t.ne[: len(gt.ne)])
+        if gt.type is not t.type or gt.ne != want:
+            raise ValueError(f"{path}: {key} is {gt.type.name} {list(gt.ne)}, the model expects "
+                             f"{t.type.name} {list(want)}")
+        t.data = gt.data
+
+
+@dataclass
+class DecodeLog:
+    """One ubatch: its size and, per split, compiled or cache hit and the compile ms."""
+
+    n_tokens: int
+    splits: list[dict[str, Any]]
+    n_copies: int = 0
+    weight_copies: int = 0
+    graph_reused: bool = False
+
+    @property
+    def compiled(self) -> int:
+        return sum(1 for s in self.splits if s["status"] == "compiled")
+
+    @property
+    def compile_ms(self) -> float:
+        return sum(s["compile_ms"] for s in self.splits if s["status"] == "compiled")
+
+
+@dataclass
+class Engine:
+    """Execution state for one model + KV cache + scheduler (see the module docstring)."""
+
+    backends: list[Backend]
+    sched_fn: Callable[[], Any]            # the current scheduler (a context may rebuild it)
+    build: BuildFn
+    kv_size: int
+    n_ubatch: int
+    kv_tensors: list[Tensor] = field(default_factory=list)
+    cache: CompileCache | None = None
+    n_past: int = 0
+    log: list[DecodeLog] = field(default_factory=list)
+    graph_reuse: bool = True
+    epoch_fn: Callable[[], int] = lambda: 0  # changes whenever the scheduler was reserved again
+
+    _prev: tuple[Any, Any] | None = None
+    def __post_init__(self) -> None:
+        enable_persistent_cache()
+        bind_executors(self.backends)
+        self.rt = Runtime(self.backends, self.cache)
+
+    # ---- KV cache --------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Forget the KV cache contents (llama_memory_clear)."""
+        self.rt.reset_kv()
+        self.n_past = 0
+
+    # ---- inputs (llm_graph_input_*::set_input for one sequence) ----------------------------
+    def _inputs(self, lg: Any, tokens: np.ndarray, pos0: int) -> dict[Tensor, np.ndarray]:
+        n = len(tokens)
+        inp = lg.inputs
+        pos = np.arange(pos0, pos0 + n, dtype=np.int64)
+        out: dict[Tensor, np.ndarray] = {inp["inp_tokens"]: tokens.astype(np.int32)}
+        out[inp["inp_pos"]] = pos.astype(np.int32)
+        out[inp["k_idxs"]] = pos  # one sequence: the cell of a token is its position
+        v_idxs = inp["v_idxs"]
+        if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * kv_size + cell
+            n_embd_v = v_idxs.ne[0] // n
+            out[v_idxs] = (np.arange(n_embd_v)[None, :] * self.kv_size + pos[:, None]).reshape(-1)
+        else:
+            out[v_idxs] = pos
+        mask_t = inp["kq_mask"]
+        n_kv = mask_t.ne[0]
+        if mask_t.ne[3] != 1:
+            raise ValueError(f"decode runs one sequence; the mask has {mask_t.ne[3]} streams")
+        cells = np.arange(n_kv)[None, :]
+        rows = np.full((mask_t.ne[1], n_kv), -np.inf, np.float32)
+        rows[:n] = np.where(cells <= pos[:, None], 0.0, -np.inf)  # causal: cell c holds position c
+        out[mask_t] = rows
+        out[inp["inp_out_ids"]] = np.arange(inp["inp_out_ids"].ne[0], dtype=np.int32)
+        return out
+
+    # ---- decoding --------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], *, sync: bool = True) -> np.ndarray:
+        """Logits [n_tokens, n_vocab] of every token; the KV cache keeps the tokens."""
+        toks = np.asarray(list(tokens), dtype=np.int64)
+        if toks.ndim != 1 or len(toks) == 0:
+            raise ValueError(f"decode needs a non-empty list of token ids, got {len(toks)} tokens")
+        if self.n_past + len(toks) > self.kv_size:
+            raise ValueError(f"{len(toks)} tokens after {self.n_past} do not fit the KV cache of {self.kv_size} cells")
+        pending = []
+        for start in range(0, len(toks), self.n_ubatch):
+            ub = toks[start:start + self.n_ubatch]
+            sched = self.sched_fn()
+            key = (len(ub), id(sched), self.epoch_fn())
+            reused = self.graph_reuse and self._prev is not None and self._prev[0] == key and sched.n_copies == 1
+            if reused:
+                # llama.cpp's graph reuse: same ubatch shape, same scheduler, no reserve since
+                lg, pg = self._prev[1]  # type: ignore[index]
+            else:
+                self._prev = None
+                sched.reset()
+                lg = self.build(len(ub), 1, len(ub))
+                if not sched.alloc_graph(lg.graph):
+                    raise RuntimeError(f"alloc_graph failed for a ubatch of {len(ub)} tokens")
+                pg = self.rt.prepare_graph(sched, lg.graph, [lg.logits])
+                self._prev = (key, (lg, pg))
+            res = self.rt.run_graph(pg, self._inputs(lg, ub, self.n_past))
+            st = self.rt.last_stats
+            self.log.append(DecodeLog(len(ub), [ps.summary() for ps in pg.splits], st.n_copies,
+                                      st.weight_copies, reused))
+            pending.append((res[lg.logits], lg.logits, len(ub)))
+            self.n_past += len(ub)
+        rows = [self.rt.read(flat, t).reshape(n, -1) for flat, t, n in pending]
+        return np.concatenate(rows, axis=0)
+
+    def generate(self, prompt_ids: Sequence[int], n: int) -> list[int]:
+        """Greedy: decode the prompt, then n tokens one at a time (argmax of the last logits)."""
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        logits = self.decode(prompt_ids)
+        out: list[int] = []
+        for _ in range(n):
+            nxt = int(np.argmax(logits[-1]))
+            out.append(nxt)
+            if len(out) == n:
+                break
+            logits = self.decode([nxt])
+        return out
+
+    def precompile(self, n_tokens: int) -> DecodeLog:
+        """Split a graph of n_tokens and compile its splits without running (for a reserve event)."""
+        self._prev = None
+        sched = self.sched_fn()
+        sched.reset()
+        lg = self.build(n_tokens, 1, n_tokens)
+        sched.split_graph(lg.graph)
+        specs: list[SplitSpec] = scheduler_splits(sched)
+        keep = {lg.logits} | set(self.kv_tensors)
+        prepared = self.rt.runner.prepare(specs, keep, donate=set(self.kv_tensors))
+        sched.reset()
+        return DecodeLog(n_tokens, [ps.summary() for ps in prepared])
+
+
+# ---- the Context-facing functions -----------------------------------------------------------
+
+def _gguf_path(ctx: Any) -> str | None:
+    for attr in ("gguf_path", "model_path", "path"):
+        p = getattr(ctx, attr, None)
+        if isinstance(p, str) and p.endswith(".gguf"):
+            return p
+    return None
+
+
+def load_weights(ctx: Any, path: str | None = None) -> None:
+    """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from)."""
+    path = path or _gguf_path(ctx)
+    if path is None:
+        raise ValueError("no GGUF path: pass one, or make the Context from a .gguf file")
+    st = ctx.setup
+    attach_gguf(st.model.tensors, path)
+    if st.model.output is not None and st.model.output.data is None:
+        st.model.output.data = st.model.tensors["token_embd.weight"].data
+
+
+def engine(ctx: Any) -> Engine:
+    """The context's engine, made on first use and again when the context re-created its model
+    and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached."""
+    st = ctx.setup
+    eng = getattr(ctx, "_jaxrt", None)
+    if eng is not None and getattr(eng, "setup", None) is st:
+        return eng
+    weights = dict(st.model.tensors)
+    if st.model.output is not None:
+        weights["output.weight"] = st.model.output
+    if any(t.data is None for t in weights.values()):
+        if _gguf_path(ctx) is None:
+            raise ValueError("the context's weights have no data: make the Context from a GGUF file, "
+                             "call toolkit.jaxrt.load_weights(ctx, path) or init_random_weights")
+        load_weights(ctx)
+    kv = st.kv
+    eng = Engine(list(ctx.backends), lambda: ctx.scheduler, lambda n, s, o: _build(ctx, n, s, o),
+                 kv.kv_size, st.resolved.n_ubatch, [*kv.k, *kv.v], epoch_fn=lambda: len(ctx.events))
+    eng.setup = st  # type: ignore[attr-defined]
+    ctx._jaxrt = eng
+    return eng
+
+
+def _build(ctx: Any, n_tokens: int, n_seqs: int, n_outputs: int) -> Any:
+    ctx.build_graph(n_tokens, n_seqs, n_outputs)  # resets the scheduler and applies the pins
+    return ctx._last_graph
+
+
+def decode(ctx: Any, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+    """``Context.decode``: logits [n_tokens, n_vocab] for tokens appended to the context's KV cache
+    (``last_only``: just the last token's row, [n_vocab])."""
+    logits = engine(ctx).decode(tokens)
+    return logits[-1] if last_only else logits
+
+
+def generate(ctx: Any, prompt_ids: Sequence[int], n: int) -> list[int]:
+    """``Context.generate``: n greedy tokens after the prompt."""
+    return engine(ctx).generate(prompt_ids, n)
+
+
+def compile_splits(ctx: Any, n_tokens: int | None = None) -> dict[str, Any]:
+    """Compile the splits of the context's current scheduler for a ubatch of n_tokens (default n_ubatch);
+    returns ``{"compiled", "cache_hits", "compile_ms", "splits"}`` for a ReserveEvent's ``compile`` field."""
+    eng = engine(ctx)
+    log = eng.precompile(n_tokens or eng.n_ubatch)
+    return {"compiled": log.compiled, "cache_hits": len(log.splits) - log.compiled,
+            "compile_ms": round(log.compile_ms, 3), "splits": log.splits}

@@ -1,0 +1,79 @@
+"""Cases in the schema of the oracle's ``cases.json``: ``{id, model, cparams, observed?}``.
+
+:func:`plan_case` creates the context a case describes and returns what llama.cpp printed for
+it, under the oracle's field names (``graph_nodes``, ``graph_splits``, ``compute_buffers_bytes``,
+``kv_bytes``, ``n_copies``, …), or ``{"id", "error"}`` when llama.cpp refuses the context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from toolkit.models.cparams import ContextParams
+from toolkit.models.hparams import LlamaHParams
+
+
+def load_cases(path: str | Path) -> list[dict[str, Any]]:
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(c, dict) and "model" in c and "cparams" in c for c in data):
+        raise ValueError(f"{path}: expected a list of cases with 'model' and 'cparams'")
+    return data
+
+
+def context_from_case(case: Mapping[str, Any], **kw: Any) -> Any:
+    from toolkit.context import Context
+    hp = LlamaHParams.from_dict(case["model"])
+    cp = ContextParams.from_dict(case["cparams"])
+    return Context(hp, cp, **kw)
+
+
+def summary(ctx: Any) -> dict[str, Any]:
+    """A context's numbers under the oracle's names (the last reserve event's)."""
+    ev = ctx.events[-1]
+    return {
+        "graph_nodes": ev.n_nodes_pp, "graph_nodes_tg": ev.n_nodes_tg,
+        "graph_splits": ev.n_splits_pp, "graph_splits_tg": ev.n_splits_tg,
+        "compute_buffers_bytes": ctx.compute_buffers_bytes(),
+        "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
+        "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,
+        "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
+        "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
+        "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
+    }
+
+
+def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        ctx = context_from_case(case)
+    except ValueError as e:
+        return {"id": case.get("id"), "error": str(e)}
+    return {"id": case.get("id"), **summary(ctx)}
+
+
+def log_lines(result: Mapping[str, Any]) -> list[str]:
+    """llama.cpp's log lines for a planned case (sched_reserve's, with exact bytes, and the buffers)."""
+    if "error" in result:
+        return [f"llama_init_from_model: {result['error']}"]
+    out = [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+           for name, b in result["model_buffers_bytes"].items()]
+    out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+            for name, b in result["output_buffer_bytes"].items()]
+    out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+            for name, b in result["kv_buffers_bytes"].items()]
+    if result["pipeline_parallel"]:
+        out.append("llama_context: pipeline parallelism enabled")
+    out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")
+    for name, b in result["compute_buffers_bytes"].items():
+        if b > 1:
+            out.append(f"sched_reserve: {name:>10s} compute buffer size = {b / 2**20:8.2f} MiB ({b} bytes)")
+    n, ntg = result["graph_nodes"], result["graph_nodes_tg"]
+    s, stg = result["graph_splits"], result["graph_splits_tg"]
+    out.append(f"sched_reserve: graph nodes  = {n}" if n == ntg else f"sched_reserve: graph nodes  = {n} (with bs=?), {ntg} (with bs=1)")
+    out.append(f"sched_reserve: graph splits = {s}" if s == stg else f"sched_reserve: graph splits = {s} (with bs=?), {stg} (with bs=1)")
+    out.append(f"sched_reserve: sched copies = {result['n_copies']}")
+    return out

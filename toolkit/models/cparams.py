@@ -1,0 +1,173 @@
+"""Context parameters as llama.cpp takes them (``llama_context_params`` + common's CLI flags).
+
+:class:`ContextParams` holds what the user asked for; :meth:`ContextParams.resolve` turns it
+into what ``llama_context`` prints (n_ctx padded, n_batch clamped to n_ctx, n_ubatch clamped
+to n_batch, n_ctx_seq per stream), raising ``ValueError`` that names the bad value and the
+limit for input llama.cpp would refuse.
+
+>>> cp = ContextParams(n_ctx=1000, n_batch=2048, n_ubatch=512).resolve(n_ctx_train=4096)
+>>> cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_ctx_seq
+(1024, 1024, 512, 1024)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from toolkit.ggml.types import GGMLType
+
+FlashAttn = Literal["on", "off", "auto"]
+SplitMode = Literal["none", "layer", "row"]
+
+N_CTX_PAD = 256          # llama_context pads n_ctx up to a multiple of 256
+DEFAULT_N_GPU_LAYERS = 999  # more than any n_layer: every layer, the output layer included
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """What a llama.cpp user sets (``-c -b -ub -np -fa -ctk -ctv -kvu -nkvo --no-op-offload -ngl -sm -ts``).
+
+    ``devices`` names the model devices in order (the CPU is always added last):
+    ``"rpc:HOST:PORT"`` (an RPC server), ``"rpc:N"`` (N servers on 127.0.0.1:50052…),
+    ``"cuda"``/``"cuda:BUDGET"``, ``"sim"``/``"sim:BUDGET"`` (simulated accelerators,
+    BUDGET a byte count such as ``64M`` capping their compute buffers), ``"metal"``,
+    ``"blas"`` (an ACCEL device). ``force_pipeline_parallel`` is the oracle's
+    ``ORACLE_FORCE_PP``: it skips only the async/events capability check (§7.3).
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    flash_attn: FlashAttn = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+    kv_unified: bool = False
+    offload_kqv: bool = True
+    op_offload: bool = True
+    n_gpu_layers: int = DEFAULT_N_GPU_LAYERS
+    split_mode: SplitMode = "layer"
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    devices: tuple[str, ...] = ()
+    use_mmap: bool = True
+    n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
+    force_pipeline_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{f}={v!r} must be an integer >= 0")
+        if self.n_seq_max < 1:
+            raise ValueError(f"n_seq_max={self.n_seq_max} must be >= 1")
+        if self.flash_attn not in ("on", "off", "auto"):
+            raise ValueError(f"flash_attn={self.flash_attn!r} must be 'on', 'off' or 'auto'")
+        if self.split_mode not in ("none", "layer", "row"):
+            raise ValueError(f"split_mode={self.split_mode!r} must be 'none', 'layer' or 'row'")
+        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < 0:
+            raise ValueError(f"n_gpu_layers={self.n_gpu_layers!r} must be >= 0 (n_layer + 1 or more offloads all)")
+        GGMLType.parse(self.type_k)
+        GGMLType.parse(self.type_v)
+        if self.tensor_split is not None:
+            ts = tuple(float(x) for x in self.tensor_split)
+            if any(x < 0 for x in ts):
+                raise ValueError(f"tensor_split={ts} has a negative share")
+            object.__setattr__(self, "tensor_split", ts)
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if self.n_outputs_max is not None and self.n_outputs_max < 1:
+            raise ValueError(f"n_outputs_max={self.n_outputs_max} must be >= 1")
+
+    def replace(self, **changes: Any) -> ContextParams:
+        unknown = set(changes) - set(self.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown context parameter(s) {sorted(unknown)}; known: {sorted(self.__dataclass_fields__)}")
+        return replace(self, **changes)
+
+    def resolve(self, n_ctx_train: int, *, causal_attn: bool = True) -> ResolvedParams:
+        """What llama_context computes from these params (the values its constructor logs)."""
+        n_ctx = self.n_ctx if self.n_ctx > 0 else n_ctx_train
+        n_ctx = -(-n_ctx // N_CTX_PAD) * N_CTX_PAD
+        if self.n_ubatch > self.n_batch and self.n_batch > 0 and self.n_ubatch > 0:
+            raise ValueError(f"n_ubatch={self.n_ubatch} must not exceed n_batch={self.n_batch}")
+        n_batch = self.n_batch if self.n_batch > 0 else n_ctx
+        n_batch = min(n_ctx, n_batch) if causal_attn else n_batch
+        n_ubatch = min(n_batch, self.n_ubatch if self.n_ubatch > 0 else n_batch)
+        if self.kv_unified:
+            n_ctx_seq = n_ctx
+        else:
+            n_ctx_seq = n_ctx // self.n_seq_max
+            if n_ctx_seq == 0:
+                raise ValueError(f"n_ctx={n_ctx} is smaller than n_seq_max={self.n_seq_max} (n_ctx_seq would be 0)")
+            n_ctx = n_ctx_seq * self.n_seq_max  # llama.cpp rounds n_ctx down to a multiple of n_seq_max
+        n_outputs_max = self.n_outputs_max if self.n_outputs_max is not None else n_batch
+        return ResolvedParams(
+            n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=self.n_seq_max,
+            n_stream=1 if self.kv_unified else self.n_seq_max, n_outputs_max=n_outputs_max,
+            type_k=GGMLType.parse(self.type_k), type_v=GGMLType.parse(self.type_v), source=self,
+        )
+
+    # ---- the oracle's cases.json schema ------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContextParams:
+        """From a case's ``cparams`` (requested values; ``rpc_servers`` become RPC devices)."""
+        args = [str(a) for a in d.get("cli_args", ())]
+        ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
+        split = str(d.get("split_mode", "layer")).split()[0]
+        ts = d.get("tensor_split")
+        if isinstance(ts, str):
+            ts = tuple(float(x) for x in ts.replace("/", ",").split(",") if x.strip())
+        devices: list[str] = [f"rpc:{ep}" for ep in d.get("rpc_servers", ())]
+        devices += [str(x) for x in d.get("extra_devices", ())]
+        use_mmap = bool(d.get("use_mmap", True))
+        load_mode = str(d.get("load_mode") or _arg(args, ("-lm", "--load-mode")) or "mmap").lower()
+        if "--no-mmap" in args or load_mode in ("none", "no_mmap", "read"):
+            use_mmap = False
+        return cls(
+            n_ctx=int(d.get("n_ctx", 4096)), n_batch=int(d.get("n_batch", 2048)),
+            n_ubatch=int(d.get("n_ubatch", 512)), n_seq_max=int(d.get("n_seq_max", 1)),
+            flash_attn=d.get("flash_attn", "auto"), type_k=str(d.get("type_k", "f16")),
+            type_v=str(d.get("type_v", "f16")), kv_unified=bool(d.get("kv_unified", False)),
+            offload_kqv=bool(d.get("offload_kqv", True)), op_offload=bool(d.get("op_offload", True)),
+            n_gpu_layers=int(ngl), split_mode=split,  # type: ignore[arg-type]
+            main_gpu=int(d.get("main_gpu", 0)), tensor_split=tuple(ts) if ts else None,
+            devices=tuple(devices), use_mmap=use_mmap,
+            force_pipeline_parallel=bool(d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["tensor_split"] = list(self.tensor_split) if self.tensor_split else None
+        out["devices"] = list(self.devices)
+        return out
+
+
+def _arg(args: Sequence[str], names: tuple[str, ...]) -> str | None:
+    for i, a in enumerate(args[:-1]):
+        if a in names:
+            return args[i + 1]
+    return None
+
+
+@dataclass(frozen=True)
+class ResolvedParams:
+    """The effective values ``llama_context`` prints (``effective_from_log`` in the oracle)."""
+
+    n_ctx: int
+    n_ctx_seq: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_stream: int
+    n_outputs_max: int
+    type_k: GGMLType
+    type_v: GGMLType
+    source: ContextParams = field(repr=False)
+    n_outputs_max_per_seq: int = 1
+
+    @property
+    def kv_size(self) -> int:
+        """Cells per KV stream."""
+        return self.n_ctx_seq

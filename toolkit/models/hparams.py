@@ -1,0 +1,185 @@
+"""Llama hyperparameters and the model's weight tensors (``llama_hparams`` + ``llm_tensor`` names).
+
+A :class:`LlamaHParams` describes a llama-architecture model well enough to build
+llama.cpp's graph and to size its weights: the shapes, the type of every weight
+(``dtype`` for 2-D matrices, F32 for 1-D norms, per-suffix overrides in
+``tensor_types``), and whether the output head is tied to the token embedding.
+
+>>> from toolkit.models import presets
+>>> hp = presets.tiny()
+>>> hp.n_embd_head, hp.n_embd_k_gqa, hp.n_tensors
+(16, 32, 21)
+>>> [w.name for w in hp.weights()][:3]
+['token_embd.weight', 'blk.0.attn_norm.weight', 'blk.0.attn_q.weight']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit.ggml.types import F32, GGMLType
+
+# GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
+GGUF_DEFAULT_ALIGNMENT = 32
+
+# the per-layer weights of llm_build_llama, in the order a GGUF writer stores them
+_LAYER_TENSORS = (
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+)
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """One model tensor: GGUF name, ggml shape (ne), type, layer (-1 input, n_layer output)."""
+
+    name: str
+    ne: tuple[int, ...]
+    type: GGMLType
+    layer: int
+    # the op that consumes the weight, which decides its buffer type on CPU (llama's weight_buft_supported)
+    op: str = "MUL_MAT"
+
+    @property
+    def nbytes(self) -> int:
+        n = self.type.row_size(self.ne[0])
+        for x in self.ne[1:]:
+            n *= x
+        return n
+
+
+@dataclass(frozen=True)
+class LlamaHParams:
+    """The hyperparameters llama.cpp reads from a llama GGUF (``print_info``)."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int = 32000
+    n_ctx_train: int = 4096
+    n_embd_head_: int | None = None     # None: n_embd / n_head
+    n_rot_: int | None = None           # None: the head dimension
+    rope_freq_base: float = 10000.0
+    eps: float = 1e-5
+    tied: bool = False
+    dtype: GGMLType = F32               # type of the 2-D weight matrices
+    tensor_types: Mapping[str, GGMLType] = field(default_factory=dict)  # suffix → type overrides
+    name: str = "llama"
+
+    def __post_init__(self) -> None:
+        for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
+        if self.n_embd_head_ is None and self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+        object.__setattr__(self, "dtype", GGMLType.parse(self.dtype))
+        object.__setattr__(self, "tensor_types", {k: GGMLType.parse(v) for k, v in dict(self.tensor_types).items()})
+
+    # ---- derived sizes (llama_hparams) ---------------------------------------------------
+    @property
+    def n_embd_head(self) -> int:
+        return self.n_embd_head_ if self.n_embd_head_ is not None else self.n_embd // self.n_head
+
+    @property
+    def n_rot(self) -> int:
+        return self.n_rot_ if self.n_rot_ is not None else self.n_embd_head
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head * self.n_head_kv
+
+    # ---- weights --------------------------------------------------------------------------
+    def tensor_type(self, name: str, ndim: int) -> GGMLType:
+        """The type of a weight: an override by the longest matching suffix, else F32 for 1-D, else dtype."""
+        best = ""
+        for suffix in self.tensor_types:
+            if name.endswith(suffix) and len(suffix) > len(best):
+                best = suffix
+        if best:
+            return self.tensor_types[best]
+        return F32 if ndim == 1 else self.dtype
+
+    def _w(self, name: str, ne: tuple[int, ...], layer: int, op: str = "MUL_MAT") -> WeightInfo:
+        return WeightInfo(name, ne, self.tensor_type(name, len(ne)), layer, op)
+
+    def weights(self) -> list[WeightInfo]:
+        """The GGUF's tensors in file order: token_embd, the blocks, output_norm, output.
+
+        The order matters for the memory-mapped CPU buffer, which spans the file range of
+        the tensors it holds (llama_model_loader::get_mapping_range).
+        """
+        E, H = self.n_embd, self.n_embd_head
+        out = [self._w("token_embd.weight", (E, self.n_vocab), -1, "GET_ROWS")]
+        shapes = {
+            "attn_norm": (E,), "attn_q": (E, H * self.n_head), "attn_k": (E, self.n_embd_k_gqa),
+            "attn_v": (E, self.n_embd_v_gqa), "attn_output": (H * self.n_head, E), "ffn_norm": (E,),
+            "ffn_gate": (E, self.n_ff), "ffn_up": (E, self.n_ff), "ffn_down": (self.n_ff, E),
+        }
+        for il in range(self.n_layer):
+            for t in _LAYER_TENSORS:
+                ne = shapes[t]
+                out.append(self._w(f"blk.{il}.{t}.weight", ne, il, "MUL" if len(ne) == 1 else "MUL_MAT"))
+        out.append(self._w("output_norm.weight", (E,), self.n_layer, "MUL"))
+        if not self.tied:
+            out.append(self._w("output.weight", (E, self.n_vocab), self.n_layer))
+        return out
+
+    @property
+    def n_tensors(self) -> int:
+        """The GGUF's tensor count (a loaded model may add a duplicate of token_embd, see LoadedModel)."""
+        return len(self.weights())
+
+    def validate_types(self) -> None:
+        """Each weight's row length must be a whole number of blocks of its type."""
+        for w in self.weights():
+            if w.ne[0] % w.type.blck_size:
+                raise ValueError(
+                    f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s block size "
+                    f"{w.type.blck_size}"
+                )
+
+    # ---- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LlamaHParams:
+        """From the oracle's ``model`` dict (cases.json schema)."""
+        try:
+            n_embd, n_head = int(d["n_embd"]), int(d["n_head"])
+            head = d.get("n_embd_head")
+            rot = d.get("n_rot", d.get("rope_dims"))
+            hp = cls(
+                n_layer=int(d["n_layer"]), n_embd=n_embd, n_head=n_head,
+                n_head_kv=int(d.get("n_head_kv", n_head)), n_ff=int(d["n_ff"]),
+                n_vocab=int(d.get("n_vocab", 32000)), n_ctx_train=int(d.get("n_ctx_train", 4096)),
+                n_embd_head_=None if head is None or int(head) == n_embd // n_head else int(head),
+                n_rot_=None if rot is None or head is None or int(rot) == int(head) else int(rot),
+                rope_freq_base=float(d.get("rope_freq_base", 10000.0)), eps=float(d.get("eps", 1e-5)),
+                tied=bool(d.get("tied", False)), dtype=GGMLType.parse(d.get("dtype", "f32")),
+                tensor_types=dict(d.get("tensor_types") or {}), name=str(d.get("name", "llama")),
+            )
+        except KeyError as e:
+            raise ValueError(f"model description lacks {e.args[0]!r}") from None
+        hp.validate_types()
+        return hp
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "arch": "llama", "n_layer": self.n_layer, "n_embd": self.n_embd,
+            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "n_ff": self.n_ff, "n_vocab": self.n_vocab,
+            "n_ctx_train": self.n_ctx_train, "n_embd_head": self.n_embd_head, "n_rot": self.n_rot,
+            "rope_freq_base": self.rope_freq_base, "eps": self.eps, "tied": self.tied,
+            "dtype": self.dtype.lower, "tensor_types": {k: v.lower for k, v in self.tensor_types.items()},
+        }

@@ -1,0 +1,239 @@
+"""Where llama.cpp puts a model: layers on devices, weights in buffers, the KV cache, the output buffer.
+
+- Layers (``llama_model::load_tensors``): ``-ngl`` counts the output layer; the first
+  ``n_layer + 1 - ngl`` layers stay on the CPU; the offloaded ones are spread over the
+  devices by the cumulative tensor split (``upper_bound`` on float32 split points); the
+  input layer (token_embd) always stays on the CPU.
+- Weights: on a CPU layer a matrix goes to ``CPU_REPACK`` when the CPU's repack buffer
+  can run its MUL_MAT, otherwise to the CPU buffer, which is ``CPU_Mapped`` with mmap and
+  then spans the file range of its tensors (``get_mapping_range``).
+- KV cache (``llama_kv_cache``): per layer on that layer's device (on the CPU with
+  ``-nkvo``), ``cache_k_l<il>``/``cache_v_l<il>`` of ``[n_embd_gqa, kv_size, n_stream]``.
+- Output buffer: ``n_seq_max`` rows of logits in the output device's host buft, else CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toolkit.backend import Backend, Buffer, BufferType
+from toolkit.ggml.tensor import BufferUsage, Tensor
+from toolkit.ggml.types import GGMLType
+from toolkit.models.cparams import ContextParams, ResolvedParams
+from toolkit.models.devices import DeviceSet
+from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, LlamaHParams, WeightInfo
+
+CPU_DEVICE = "CPU"
+
+
+def _pad(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
+    """Device index (into ``devs.gpus``) of layers 0..n_layer (n_layer = output); -1 = CPU."""
+    n_dev = len(devs.gpus)
+    ngl = cp.n_gpu_layers
+    n_layer = hp.n_layer
+    i_gpu_start = max(n_layer + 1 - ngl, 0)
+    act_gpu_layers = 0 if n_dev == 0 else min(ngl, n_layer + 1)
+    ts = cp.tensor_split
+    if ts is not None and len(ts) > n_dev and any(ts[n_dev:]):
+        raise ValueError(f"tensor_split={list(ts)} has {len(ts)} shares for {n_dev} device(s)")
+    if ts is None or not any(ts[:n_dev]):
+        # default split by free memory: the budgets when every device has one; equal shares otherwise
+        # (identical devices, like the oracle's two RPC servers on one host, report equal memory)
+        limits = [b.buft.alloc_limit for b in devs.gpus]
+        shares = [float(x) for x in limits] if all(limits) else [1.0] * n_dev  # type: ignore[arg-type]
+    else:
+        shares = list(ts[:n_dev]) + [0.0] * (n_dev - len(ts))
+    # llama.cpp accumulates and normalises the split points in float32
+    pts = np.cumsum(np.asarray(shares, dtype=np.float32), dtype=np.float32)
+    if n_dev:
+        pts = (pts / pts[-1]).astype(np.float32)
+    out: list[int] = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
+            out.append(-1)
+            continue
+        x = np.float32(il - i_gpu_start) / np.float32(act_gpu_layers)
+        out.append(int(np.searchsorted(pts, x, side="right")))
+    return out
+
+
+def repack_supported(w: WeightInfo) -> bool:
+    """ggml-cpu's repack buffer runs MUL_MAT on 2-D Q4_0/Q4_K (rows % 8) and IQ4_NL (rows % 4) matrices (x86)."""
+    if w.op != "MUL_MAT" or len(w.ne) != 2:
+        return False
+    if w.type in (GGMLType.Q4_0, GGMLType.Q4_K):
+        return w.ne[1] % 8 == 0
+    return w.type.name == "IQ4_NL" and w.ne[1] % 4 == 0
+
+
+@dataclass
+class LoadedModel:
+    """The model's weights as ggml tensors placed in buffers, and where each layer lives."""
+
+    hparams: LlamaHParams
+    devices: DeviceSet
+    layer_dev: list[int]                              # per layer 0..n_layer: gpu index or -1
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
+    buffers_bytes: dict[str, int] = field(default_factory=dict)
+
+    def layer_backend(self, il: int) -> Backend:
+        """The backend of layer il's device (the CPU backend for CPU layers)."""
+        d = self.layer_dev[il]
+        return self.devices.cpu if d < 0 else self.devices.gpus[d]
+
+    def layer_device_name(self, il: int) -> str:
+        d = self.layer_dev[il]
+        return CPU_DEVICE if d < 0 else self.devices.gpu_names[d]
+
+    @property
+    def n_offloaded(self) -> int:
+        return sum(1 for d in self.layer_dev if d >= 0)
+
+    def w(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+    @property
+    def n_tensors(self) -> int:
+        """``llama_model::n_tensors()``: the distinct weight tensors (a tied output counts when duplicated)."""
+        return len({id(t) for t in self.tensors.values()} | ({id(self.output)} if self.output is not None else set()))
+
+
+def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
+    """Place every weight (llama_model::load_tensors) and size the model buffers."""
+    hp.validate_types()
+    model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
+    n_layer = hp.n_layer
+
+    def home(layer: int) -> int:
+        return -1 if layer < 0 else model.layer_dev[min(layer, n_layer)]
+
+    # GGUF file offsets, for the memory-mapped CPU buffer's span
+    offs: dict[str, tuple[int, int]] = {}
+    pos = 0
+    infos = hp.weights()
+    for w in infos:
+        pos = _pad(pos, GGUF_DEFAULT_ALIGNMENT)
+        offs[w.name] = (pos, pos + w.nbytes)
+        pos += w.nbytes
+    placed: list[tuple[WeightInfo, str, str]] = []  # (info, buffer name, file key)
+    if hp.tied:
+        tok = infos[0]
+        infos = [*infos, WeightInfo("output.weight", tok.ne, tok.type, n_layer, "MUL_MAT")]
+    cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
+    bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
+    for w in infos:
+        d = home(w.layer)
+        if d >= 0:
+            b = devs.gpus[d].buft
+            bufts[b.name] = b
+            name = b.name
+        elif repack_supported(w):
+            name = "CPU_REPACK"
+        else:
+            name = cpu_name
+        key = "token_embd.weight" if (hp.tied and w.name == "output.weight") else w.name
+        placed.append((w, name, key))
+    sizes: dict[str, int] = {}
+    spans: dict[str, list[int]] = {}
+    for w, name, key in placed:
+        buft = bufts[name]
+        if key != w.name and name == next(n for i, n, _ in placed if i.name == key):
+            continue  # the tied output shares token_embd's tensor (same buffer type)
+        if name == "CPU_Mapped":
+            lo, hi = offs[key]
+            span = spans.setdefault(name, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        else:
+            t = Tensor(w.type, w.ne)
+            sizes[name] = sizes.get(name, 0) + _pad(buft.alloc_size(t), buft.alignment)
+    for name, (lo, hi) in spans.items():
+        sizes[name] = hi - lo
+    buffers = {name: Buffer(bufts[name], size, BufferUsage.WEIGHTS, name) for name, size in sizes.items()}
+    for w, name, key in placed:
+        if key != w.name and model.tensors[key].buffer.name == name:
+            # TENSOR_DUPLICATED in the same buffer type: create_tensor returns the existing tensor
+            model.output = model.tensors[key]
+            continue
+        t = Tensor(w.type, w.ne, name=key)
+        t.buffer = buffers[name]
+        if w.name == "output.weight":
+            model.output = t
+        model.tensors[w.name] = t
+    order = [b.name for b in devs.gpus]
+    model.buffers_bytes = dict(sorted(sizes.items(), key=lambda kv: (kv[0] in order, kv[0])))
+    return model
+
+
+@dataclass
+class KVCache:
+    """``llama_kv_cache``: one K and one V tensor per layer, in per-device buffers."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+    kv_size: int
+    n_stream: int
+    v_trans: bool
+    buffers_bytes: dict[str, int]
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.buffers_bytes.values())
+
+
+def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> None:
+    """The checks llama_init_from_model makes before creating a context."""
+    for which, t, head in (("K", rp.type_k, hp.n_embd_head), ("V", rp.type_v, hp.n_embd_head)):
+        if t.is_quantized and head % t.blck_size:
+            raise ValueError(
+                f"{which} cache type {t.lower} with block size {t.blck_size} does not divide "
+                f"n_embd_head_{which.lower()}={head}"
+            )
+    if rp.type_v.is_quantized and not flash_attn:
+        raise ValueError(f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
+
+
+def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool) -> KVCache:
+    hp = model.hparams
+    devs = model.devices
+    kv_size, n_stream = rp.kv_size, rp.n_stream
+    ks: list[Tensor] = []
+    vs: list[Tensor] = []
+    sizes: dict[str, int] = {}
+    bufts: dict[str, BufferType] = {}
+    k_bytes = v_bytes = 0
+    for il in range(hp.n_layer):
+        d = model.layer_dev[il]
+        buft = devs.gpus[d].buft if (offload_kqv and d >= 0) else devs.cpu_buft
+        bufts[buft.name] = buft
+        k = Tensor(rp.type_k, (hp.n_embd_k_gqa, kv_size, n_stream), name=f"cache_k_l{il}")
+        v = Tensor(rp.type_v, (hp.n_embd_v_gqa, kv_size, n_stream), name=f"cache_v_l{il}")
+        for t in (k, v):
+            sizes[buft.name] = sizes.get(buft.name, 0) + _pad(buft.alloc_size(t), buft.alignment)
+        k_bytes += k.nbytes
+        v_bytes += v.nbytes
+        ks.append(k)
+        vs.append(v)
+    buffers = {n: Buffer(bufts[n], s, BufferUsage.ANY, n) for n, s in sizes.items()}
+    for il in range(hp.n_layer):
+        d = model.layer_dev[il]
+        name = devs.gpus[d].buft.name if (offload_kqv and d >= 0) else devs.cpu_buft.name
+        ks[il].buffer = buffers[name]
+        vs[il].buffer = buffers[name]
+    return KVCache(ks, vs, kv_size, n_stream, not flash_attn, sizes, k_bytes, v_bytes)
+
+
+def output_buffer(model: LoadedModel, rp: ResolvedParams) -> dict[str, int]:
+    """``output_reserve(n_seq_max)``: logits rows in the output device's host buft (else CPU)."""
+    d = model.layer_dev[model.hparams.n_layer]
+    host = model.devices.gpus[d].host_buft if d >= 0 else None
+    name = host.name if host is not None else model.devices.cpu_buft.name
+    return {name: rp.n_seq_max * model.hparams.n_vocab * 4}

@@ -1,0 +1,131 @@
+"""What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (spec §7.1–§7.4).
+
+:func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
+devices and backends, the placed weights, the KV cache, the output buffer, the
+pipeline-parallel decision and a graph builder. The graph callback's scheduler pins
+(:func:`apply_pins`) and ``graph_max_nodes`` live here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from toolkit.backend import Backend, profiles
+from toolkit.models.cparams import ContextParams, ResolvedParams
+from toolkit.models.devices import DeviceSet, make_devices
+from toolkit.models.hparams import LlamaHParams
+from toolkit.models.llama import LlamaGraph, LlamaGraphBuilder
+from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_kv_cache, output_buffer
+
+if TYPE_CHECKING:
+    from toolkit.sched import Scheduler
+
+# ubatches smaller than this get the norm pin even without full offload (llama_context::graph_get_cb)
+NORM_PIN_MAX_TOKENS = 32
+
+
+def graph_max_nodes(n_tensors: int, n_tokens: int) -> int:
+    """``llama_context::graph_max_nodes`` for llama (§7.2): ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
+    del n_tokens  # only the per-ubatch architectures (Qwen3-Next & co.) use it
+    return max(1024, 8 * n_tensors)
+
+
+def devices_from_backends(backends: list[Backend]) -> DeviceSet:
+    """A DeviceSet over caller-made backends (GPUs first, ACCELs, the CPU last)."""
+    if not backends or not backends[-1].is_cpu:
+        raise ValueError("the last backend must be the CPU backend")
+    cpu = backends[-1]
+    gpus = [b for b in backends[:-1] if b.kind == "gpu"]
+    accels = [b for b in backends[:-1] if b.kind == "accel"]
+    own = cpu.buft if not gpus else profiles.cpu_buft()
+    ds = make_devices(())
+    cpu.profile.readable_bufts = (*cpu.profile.readable_bufts, own, ds.repack_buft)
+    return DeviceSet(gpus, accels, cpu, own, ds.repack_buft, [b.name for b in gpus])
+
+
+@dataclass
+class LlamaSetup:
+    """A loaded model in a context: placement, KV cache, output buffer, builder, pipeline decision."""
+
+    hparams: LlamaHParams
+    cparams: ContextParams
+    resolved: ResolvedParams
+    devices: DeviceSet
+    model: LoadedModel
+    kv: KVCache
+    output_bytes: dict[str, int]
+    flash_attn: bool                   # what the graphs use (auto starts on, the probe may turn it off)
+    pipeline_parallel: bool
+    pp_check: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def backends(self) -> list[Backend]:
+        return self.devices.backends
+
+    def builder(self, graph_size: int) -> LlamaGraphBuilder:
+        return LlamaGraphBuilder(self.model, self.kv, flash_attn=self.flash_attn, graph_size=graph_size)
+
+    def layer_devices(self) -> list[tuple[int, str]]:
+        return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
+
+
+def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
+    """§7.3: more than one model device, every layer and the output offloaded, split mode layer,
+    KV offloaded, and every non-CPU backend with async compute and events (the last check is
+    the one ``force_pipeline_parallel`` skips, like the oracle's ORACLE_FORCE_PP)."""
+    caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
+    check = {
+        "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
+        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": False,
+        "caps_async_events": caps, "force": cp.force_pipeline_parallel,
+    }
+    ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer and cp.split_mode == "layer" and cp.offload_kqv
+          and (caps or cp.force_pipeline_parallel))
+    check["pipeline_parallel"] = ok
+    return ok, check
+
+
+def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = None,
+          devs: DeviceSet | None = None) -> LlamaSetup:
+    """Load the model onto devices and create the memory, raising ValueError where llama.cpp refuses.
+
+    ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
+    """
+    rp = cp.resolve(hp.n_ctx_train)
+    if devs is None:
+        devs = make_devices(cp.devices, split_mode=cp.split_mode, main_gpu=cp.main_gpu) if backends is None \
+            else devices_from_backends(list(backends))
+    fa = cp.flash_attn != "off"
+    check_kv_types(hp, rp, fa)
+    model = load_model(hp, cp, devs)
+    kv = make_kv_cache(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa)
+    pp, check = pipeline_parallel(hp, cp, devs)
+    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check)
+
+
+def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
+    """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls (§7.4); returns how many.
+
+    - ``norm-<il>`` goes to layer il's device when the ubatch is small or every layer is offloaded,
+      so it is not expanded from the previous layer's device (T9 vs T10);
+    - with ``-nkvo``, the merged attention heads (``kqv_merged_cont``, the CONT of the non-FA path,
+      later renamed ``kqv_out``) go to the CPU, so the whole KQ → softmax → KQV chain runs there
+      (the flash-attention path names no such tensor, so its FLASH_ATTN_EXT follows the layer).
+    """
+    n = 0
+    cpu = len(sched.backends) - 1
+    full_offload = st.cparams.n_gpu_layers > st.hparams.n_layer
+    if lg.n_tokens < NORM_PIN_MAX_TOKENS or full_offload:
+        for t, il in lg.norms:
+            dev = st.model.layer_backend(il)
+            for i, be in enumerate(sched.backends):
+                if be is dev and be.supports_op(t):
+                    sched.set_tensor_backend(t, i)
+                    n += 1
+    if not st.cparams.offload_kqv:
+        for t, name, _il in lg.named:
+            if name == "kqv_merged_cont":
+                sched.set_tensor_backend(t, cpu)
+                n += 1
+    return n

@@ -1,0 +1,385 @@
+"""The graph allocator (``ggml_gallocr``): liveness planning over graph_copy, buffers (spec §6.2–§6.7).
+
+Buffer id i is backend i. Backends whose buft is the same object share one dynamic
+allocator and one buffer (§6.3). ``reserve_n`` plans and grows buffers (never
+shrinks them); ``alloc_graph`` replays the recorded plan onto a new graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from toolkit.backend.buft import Buffer, BufferType
+from toolkit.ggml.tensor import BufferUsage, Op, Tensor, TensorFlag
+from toolkit.sched.dyn_alloc import DynAllocator
+
+# ggml_op_can_inplace (§6.5)
+INPLACE_OPS = frozenset({
+    Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB, Op.MUL,
+    Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK, Op.RMS_NORM,
+    Op.RMS_NORM_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK,
+})
+# plain-int views of the hot membership tests: Enum hashing and IntFlag arithmetic are Python-level
+INPLACE_OP_NAMES = frozenset(op.value for op in INPLACE_OPS)
+_INPUT = int(TensorFlag.INPUT)
+_OUTPUT = int(TensorFlag.OUTPUT)
+_and = int.__and__
+
+
+class HashNode:
+    """Per-tensor bookkeeping of one planning pass (§6.4)."""
+
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated")
+
+    def __init__(self) -> None:
+        self.n_children = 0
+        self.n_views = 0
+        self.buffer_id = 0
+        self.chunk = 0
+        self.offset = 0
+        self.allocated = False
+
+
+@dataclass
+class TensorRecord:
+    """``tensor_alloc``: where a graph position's tensor goes (buffer -1: view or pre-allocated)."""
+
+    buffer_id: int
+    chunk: int
+    offset: int
+    size_max: int
+
+
+@dataclass
+class Lifetime:
+    """One planned allocation: [first, last] graph_copy node positions (§6.5), for plans and figures."""
+
+    tensor: Tensor
+    buffer_id: int
+    chunk: int
+    offset: int
+    size: int           # aligned size
+    first: int          # -1: leaf or counting phase
+    last: int           # node position whose completion frees it; n_nodes when never freed
+    inplace_of: Tensor | None = None
+
+
+_NO_RECORD = TensorRecord(-1, 0, 0, 0)
+_NONE = Op.NONE
+
+
+class VBuffer:
+    """A virtual buffer: one backend buffer per chunk, each exactly the chunk's high-water mark (§6.2)."""
+
+    def __init__(self, chunks: list[Buffer]) -> None:
+        self.chunks = chunks
+
+    def chunk_size(self, c: int) -> int:
+        return self.chunks[c].size if c < len(self.chunks) else 0
+
+    @property
+    def size(self) -> int:
+        return sum(b.size for b in self.chunks)
+
+    def free(self) -> None:
+        for b in self.chunks:
+            b.free()
+        self.chunks = []
+
+
+class GraphAllocator:
+    """``ggml_gallocr`` over ``bufts`` (one buffer id per entry)."""
+
+    def __init__(self, bufts: Sequence[BufferType]) -> None:
+        self.bufts = list(bufts)
+        self.n_buffers = len(self.bufts)
+        self.allocators: list[DynAllocator] = []
+        for i, buft in enumerate(self.bufts):
+            shared = next((self.allocators[j] for j in range(i) if self.bufts[j] is buft), None)
+            self.allocators.append(shared or DynAllocator(buft.alignment, buft.get_max_size()))
+        self.buffers: list[VBuffer | None] = [None] * self.n_buffers
+        self.hash: dict[int, HashNode] = {}
+        self.hash_capacity = 0
+        self.node_records: list[tuple[TensorRecord, list[TensorRecord | None]]] = []
+        self.leaf_records: list[TensorRecord] = []
+        self.n_nodes = 0
+        self.n_leafs = 0
+        self.lifetimes: list[Lifetime] = []
+        self.failed: str | None = None
+        self._life: dict[int, Lifetime] = {}
+        self._pos = -1
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _hn(self, t: Tensor) -> HashNode:
+        hn = self.hash.get(id(t))
+        if hn is None:
+            hn = self.hash[id(t)] = HashNode()
+        return hn
+
+    def _is_allocated(self, t: Tensor, hn: HashNode) -> bool:
+        return t.data is not None or t.buffer is not None or hn.allocated
+
+    def shares_allocator(self, i: int) -> int:
+        """The earliest buffer id whose allocator buffer i shares (i itself if none)."""
+        a = self.allocators[i]
+        return next(j for j in range(i + 1) if self.allocators[j] is a)
+
+    # ---- planning walk (§6.5) --------------------------------------------------------
+    def _allocate_node(self, t: Tensor, bid: int) -> None:
+        hn = self._hn(t)
+        if self._is_allocated(t, hn) or t.view_src is not None:
+            return
+        hn.allocated = True
+        if t.op._value_ in INPLACE_OP_NAMES:
+            for p in t.src:
+                if p is None:
+                    continue
+                p_hn = self.hash.get(id(p))
+                # views are never own, so the view-parent branch of ggml is unreachable
+                if p_hn is None or not p_hn.allocated:
+                    continue
+                if _and(p.flags, _OUTPUT) or (p.view_src is not None and _and(p.view_src.flags, _OUTPUT)):
+                    continue
+                if p.type is not t.type or p.ne != t.ne or p.nb != t.nb:
+                    continue
+                if p_hn.n_children == 1 and p_hn.n_views == 0:
+                    self._take_over(t, hn, p, p_hn)
+                    return
+        if bid < 0:  # ggml asserts buffer_id >= 0
+            raise ValueError(f"tensor {t.name!r} has no backend (buffer id {bid}); cannot allocate it")
+        alloc = self.allocators[bid]
+        size = self.bufts[bid].alloc_size(t)
+        hn.buffer_id = bid
+        hn.chunk, hn.offset = alloc.alloc(size)
+        life = Lifetime(t, bid, hn.chunk, hn.offset, size + (-size) % alloc.alignment, self._pos, -2)
+        self._life[id(t)] = life
+        self.lifetimes.append(life)
+
+    def _take_over(self, t: Tensor, hn: HashNode, p: Tensor, p_hn: HashNode) -> None:
+        # t reuses p's memory in place, even on another buffer id; the surplus tail goes back
+        pbid = p_hn.buffer_id
+        alloc = self.allocators[pbid]
+        al = alloc.alignment
+        psize = self.bufts[pbid].alloc_size(p)
+        tsize = self.bufts[pbid].alloc_size(t)
+        psize += (-psize) % al
+        tsize += (-tsize) % al
+        if psize > tsize:
+            alloc.free((p_hn.chunk, p_hn.offset + tsize), psize - tsize)
+        hn.buffer_id = pbid
+        hn.chunk = p_hn.chunk
+        hn.offset = p_hn.offset
+        p_hn.allocated = False  # the parent is never freed now
+        plife = self._life.get(id(p))
+        if plife is not None:
+            plife.last = self._pos
+        life = Lifetime(t, pbid, hn.chunk, hn.offset, tsize, self._pos, -2, inplace_of=p)
+        self._life[id(t)] = life
+        self.lifetimes.append(life)
+
+    def _free_node(self, t: Tensor, hn: HashNode) -> None:
+        if _and(t.flags, _OUTPUT):
+            return
+        bid = hn.buffer_id
+        self.allocators[bid].free((hn.chunk, hn.offset), self.bufts[bid].alloc_size(t))
+        hn.allocated = False
+        life = self._life.get(id(t))
+        if life is not None:
+            life.last = self._pos
+
+    def _alloc_graph_impl(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
+                          node_ids: Sequence[int] | None, leaf_ids: Sequence[int] | None) -> None:
+        self.hash = {}
+        self.lifetimes = []
+        self._life = {}
+        self._pos = -1
+        hash_get = self._hn
+        for i, leaf in enumerate(leafs):
+            self._allocate_node(leaf, leaf_ids[i] if leaf_ids else 0)
+        # counting pass; INPUT tensors are placed now, before anything is freed
+        for i, node in enumerate(nodes):
+            if node.view_src is not None and node.op is not _NONE:
+                hash_get(node.view_src).n_views += 1
+            if _and(node.flags, _INPUT):
+                self._allocate_node(node, node_ids[i] if node_ids else 0)
+            for src in node.src:
+                if src is None:
+                    continue
+                hash_get(src).n_children += 1
+                if _and(src.flags, _INPUT):
+                    self._allocate_node(src, node_ids[i] if node_ids else 0)
+        # allocation pass: srcs, node, then free the srcs whose last consumer this was
+        for i, node in enumerate(nodes):
+            self._pos = i
+            bid = node_ids[i] if node_ids else 0
+            srcs = [s for s in node.src if s is not None]
+            for p in srcs:
+                self._allocate_node(p, bid)
+            self._allocate_node(node, bid)
+            for p in srcs:
+                p_hn = self.hash[id(p)]
+                p_hn.n_children -= 1
+                if p_hn.n_children == 0 and p_hn.n_views == 0:
+                    vs = p.view_src
+                    if vs is not None:
+                        vs_hn = self.hash[id(vs)]
+                        vs_hn.n_views -= 1
+                        if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
+                            self._free_node(vs, vs_hn)
+                    elif p_hn.allocated:
+                        self._free_node(p, p_hn)
+        n = len(nodes)
+        for life in self.lifetimes:
+            if life.last == -2:
+                life.last = n
+
+    def _record(self, t: Tensor | None) -> TensorRecord | None:
+        if t is None:
+            return None
+        # a view, or a tensor that already has memory (data, or a buffer: weights, KV cache)
+        if t.view_src is not None or t.data is not None or t.buffer is not None:
+            return _NO_RECORD
+        hn = self._hn(t)
+        return TensorRecord(hn.buffer_id, hn.chunk, hn.offset, self.bufts[hn.buffer_id].alloc_size(t))
+
+    # ---- reserve (§6.6) --------------------------------------------------------------
+    def plan(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
+             node_ids: Sequence[int] | None = None, leaf_ids: Sequence[int] | None = None) -> None:
+        """Steps 1–3 of reserve_n: grow the hash set, reset the allocators, plan, record."""
+        min_hash = len(nodes) + len(leafs)
+        min_hash += min_hash // 4
+        if self.hash_capacity < min_hash:
+            from toolkit.sched.metadata import hash_size
+            self.hash_capacity = hash_size(min_hash)
+        for a in self.allocators:
+            a.reset()
+        self._alloc_graph_impl(nodes, leafs, node_ids, leaf_ids)
+        self.make_records(nodes, leafs)
+
+    def make_records(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> None:
+        """Step 3 of reserve_n: the per-position records alloc_graph replays."""
+        rec = self._record
+        self.node_records = [(rec(n), [None if s is None else rec(s) for s in n.src]) for n in nodes]  # type: ignore[misc]
+        self.leaf_records = [rec(leaf) or _NO_RECORD for leaf in leafs]
+        self.n_nodes = len(nodes)
+        self.n_leafs = len(leafs)
+
+    def reserve_n(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
+                  node_ids: Sequence[int] | None = None, leaf_ids: Sequence[int] | None = None,
+                  *, no_alloc: bool = False) -> bool:
+        self.plan(nodes, leafs, node_ids, leaf_ids)
+        return self.realloc_buffers(no_alloc=no_alloc)
+
+    def realloc_buffers(self, *, no_alloc: bool = False, sizes: Sequence[tuple[int, ...]] | None = None) -> bool:
+        """Step 4 of reserve_n: grow-only (re)allocation per buffer id, shared bufts deduplicated.
+
+        ``sizes`` overrides the chunk sizes (the offline planner's totals)."""
+        self.failed = None
+        for i in range(self.n_buffers):
+            j = self.shares_allocator(i)
+            if j != i:
+                self.buffers[i] = self.buffers[j]
+            new_chunks = sizes[i] if sizes is not None else self.allocators[i].chunk_sizes()
+            cur = self.buffers[i]
+            realloc = cur is None
+            for c, new in enumerate(new_chunks):
+                if new > (cur.chunk_size(c) if cur is not None else 0):
+                    realloc = True
+            if not realloc:
+                continue
+            if cur is not None:
+                cur.free()
+            if no_alloc:
+                self.buffers[i] = None
+                continue
+            chunks: list[Buffer] = []
+            for c, size in enumerate(new_chunks):
+                b = self.bufts[i].alloc_buffer(size, BufferUsage.COMPUTE, f"{self.bufts[i].name}#{c}")
+                if b is None:
+                    for done in chunks:
+                        done.free()
+                    self.buffers[i] = None
+                    self.failed = f"failed to allocate {self.bufts[i].name} buffer of size {sum(new_chunks)}"
+                    return False
+                chunks.append(b)
+            self.buffers[i] = VBuffer(chunks)
+        return True
+
+    def buffer_size(self, i: int) -> int:
+        """``ggml_gallocr_get_buffer_size``: 0 when null or the same buffer as an earlier id."""
+        buf = self.buffers[i]
+        if buf is None:
+            return 0
+        for j in range(i):
+            if self.buffers[j] is buf:
+                return 0
+        return buf.size
+
+    def max_sizes(self) -> list[int]:
+        """``reserve_n_size``'s report: Σ chunk max_size per buffer id (not deduplicated)."""
+        return [a.max_size() for a in self.allocators]
+
+    def free(self) -> None:
+        for i, b in enumerate(self.buffers):
+            if b is not None and self.shares_allocator(i) == i:
+                b.free()
+        self.buffers = [None] * self.n_buffers
+
+    # ---- runtime allocation (§6.7) ---------------------------------------------------
+    def _valid(self, t: Tensor, rec: TensorRecord | None) -> bool:
+        size = 0
+        if t.data is None and t.buffer is None and t.view_src is None:
+            if rec is None or rec.buffer_id < 0:
+                return False
+            size = self.bufts[rec.buffer_id].alloc_size(t)
+        return rec is not None and rec.size_max >= size
+
+    def needs_realloc(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> bool:
+        if self.n_nodes != len(nodes) or self.n_leafs != len(leafs):
+            return True
+        for node, (dst, srcs) in zip(nodes, self.node_records, strict=True):
+            if not self._valid(node, dst):
+                return True
+            for j, s in enumerate(node.src):
+                if s is not None and not self._valid(s, srcs[j]):
+                    return True
+        return False
+
+    def alloc_graph(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
+                    addresses: dict[int, tuple[int, int, int]]) -> bool:
+        """Replay the recorded plan: ``addresses[id(t)] = (buffer id, chunk, offset)`` for every tensor
+        placed in a compute buffer (views at their base's address plus view_offs). Re-reserves by
+        itself only with one buffer (§6.7).
+
+        Unlike ggml, ``t.buffer`` is left alone: in this model a non-None buffer marks a
+        pre-allocated tensor (weights, KV cache), and graphs are rebuilt for every allocation."""
+        if self.needs_realloc(nodes, leafs):
+            if self.n_buffers != 1:
+                return False
+            if not self.reserve_n(nodes, leafs):
+                return False
+        for leaf, rec in zip(leafs, self.leaf_records, strict=True):
+            self._init_tensor(leaf, rec, addresses)
+        for node, (dst, srcs) in zip(nodes, self.node_records, strict=True):
+            for j, s in enumerate(node.src):
+                if s is not None:
+                    self._init_tensor(s, srcs[j] or _NO_RECORD, addresses)
+            self._init_tensor(node, dst, addresses)
+        return True
+
+    def _init_tensor(self, t: Tensor, rec: TensorRecord, addresses: dict[int, tuple[int, int, int]]) -> None:
+        if id(t) in addresses:
+            return
+        vs = t.view_src
+        if vs is not None:
+            base = addresses.get(id(vs))  # ggml_backend_view_init
+            if base is not None:
+                addresses[id(t)] = (base[0], base[1], base[2] + t.view_offs)
+            return
+        if t.data is not None or t.buffer is not None or rec.buffer_id < 0:
+            return
+        buf = self.buffers[rec.buffer_id]
+        if buf is None or rec.chunk >= len(buf.chunks):
+            return
+        addresses[id(t)] = (rec.buffer_id, rec.chunk, rec.offset)

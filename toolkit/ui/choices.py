@@ -1,0 +1,99 @@
+"""What the dashboard's model and device pickers mean: presets, GGUF paths, device specs.
+
+The device picker takes short specs: ``cpu`` (the CPU backend alone), ``rpc:N`` (N RPC-like
+servers), ``sim:N`` / ``cuda:N`` (N simulated / CUDA-like accelerators), each non-RPC device
+optionally with a compute memory budget in MiB (what makes the pipeline-parallel fallback
+reachable, §7.5). They become ``ContextParams.devices`` (``toolkit.models.devices``); the CPU
+backend is always added last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# label shown in the picker -> name in toolkit.models.presets
+MODEL_PRESETS: dict[str, str] = {
+    "tiny": "tiny",
+    "small": "small",
+    "Llama-3-8B-shaped": "llama3_8b",
+    "70B-shaped": "llama3_70b",
+}
+# accepted spellings of a preset name (toolkit.dashboard(model="llama3_8b") works too)
+_ALIASES: dict[str, str] = {**{k: v for k, v in MODEL_PRESETS.items()}, **{v: v for v in MODEL_PRESETS.values()},
+                            "8b": "llama3_8b", "70b": "llama3_70b"}
+
+_DEVICE_SPEC = re.compile(r"^\s*(cpu|rpc|sim|cuda)\s*(?::\s*(\d+))?\s*$", re.IGNORECASE)
+MAX_DEVICES = 16
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    kind: str            # "cpu", "rpc", "sim" or "cuda"
+    count: int           # non-CPU devices (0 for cpu)
+    budget_mib: float | None = None
+
+    def __str__(self) -> str:
+        base = "cpu" if self.kind == "cpu" else f"{self.kind}:{self.count}"
+        return base + (f" ({self.budget_mib:g} MiB each)" if self.budget_mib else "")
+
+    def cparams_devices(self) -> tuple[str, ...]:
+        """``ContextParams.devices``: ``("sim:512M", "sim:512M")``, ``("rpc:2",)``, ``()`` for cpu."""
+        if self.kind == "cpu":
+            return ()
+        if self.kind == "rpc":
+            return (f"rpc:{self.count}",)
+        budget = f":{int(self.budget_mib * 1024 * 1024)}" if self.budget_mib else ""
+        return tuple(f"{self.kind}{budget}" for _ in range(self.count))
+
+
+def parse_devices(spec: str, budget_mib: float | None = None) -> DeviceSpec:
+    """``"sim:2"`` -> DeviceSpec("sim", 2); errors name the bad value and what is accepted."""
+    m = _DEVICE_SPEC.match(spec or "")
+    if m is None:
+        raise ValueError(f"devices {spec!r} not understood: expected cpu, rpc:N, sim:N or cuda:N")
+    kind = m.group(1).lower()
+    count = 0 if kind == "cpu" else int(m.group(2) or 1)
+    if kind != "cpu" and not 1 <= count <= MAX_DEVICES:
+        raise ValueError(f"devices {spec!r}: N={count} must be in 1..{MAX_DEVICES}")
+    if budget_mib is not None and budget_mib < 0:
+        raise ValueError(f"memory budget {budget_mib} MiB must be >= 0 (0 = unlimited)")
+    if budget_mib and kind in ("cpu", "rpc"):
+        raise ValueError(f"a memory budget ({budget_mib:g} MiB) applies to sim:N or cuda:N devices, not {spec!r}")
+    return DeviceSpec(kind, count, budget_mib or None)
+
+
+def preset_label(model: str) -> str | None:
+    """The picker label of a preset name or alias (``llama3_8b`` -> ``Llama-3-8B-shaped``)."""
+    name = _ALIASES.get(model) or _ALIASES.get(model.lower())
+    return next((k for k, v in MODEL_PRESETS.items() if v == name), None)
+
+
+def resolve_model(model: str) -> Any:
+    """A preset name (or its label) -> LlamaHParams; anything ending in .gguf is passed on as a path."""
+    if model.lower().endswith(".gguf"):
+        if not os.path.exists(model):
+            raise ValueError(f"GGUF file {model!r} does not exist")
+        return model
+    name = _ALIASES.get(model) or _ALIASES.get(model.lower())
+    if name is None:
+        raise ValueError(f"model {model!r} unknown: expected one of {', '.join(MODEL_PRESETS)} or a .gguf path")
+    from toolkit.models import presets
+
+    return presets.get(name)
+
+
+def make_context(model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
+                 planner: str = "ggml", **cparams: Any) -> Any:
+    """A planning-only Context for a preset / GGUF model on the given devices (first reserve included)."""
+    from toolkit.context import Context
+    from toolkit.models.cparams import ContextParams
+
+    hp = resolve_model(model)
+    devs = parse_devices(devices, budget_mib).cparams_devices()
+    ctx = Context(hp, ContextParams(devices=devs, **cparams), planner=planner)
+    if not getattr(ctx, "events", None):
+        ctx.sched_reserve(trigger=f"model {model} on {devices}")
+    return ctx

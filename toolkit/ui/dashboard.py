@@ -1,0 +1,354 @@
+"""The live dashboard: ipywidgets controls -> ``ctx.update(...)`` (sched_reserve) -> figures.
+
+>>> import toolkit
+>>> dash = toolkit.dashboard(model="tiny")       # doctest: +SKIP
+>>> dash.controls["max_nodes"].value = "512"     # doctest: +SKIP  (same as typing in the page)
+>>> dash.ctx.events[-1].decision                 # doctest: +SKIP
+'reused'
+
+Every control change goes through one path: the observer records the new value, a short timer
+coalesces a burst of changes (a dragged slider) so the last value wins, then one
+``ctx.update(**changes)`` runs and the figures are redrawn from the newest ReserveEvent. An
+exception never escapes a callback: it is shown in the dashboard and the previous state stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from toolkit.ui import figures
+from toolkit.ui.choices import MODEL_PRESETS, make_context, preset_label
+from toolkit.ui.layers import Collapse
+from toolkit.ui.text import badge_html, badge_text, params_text
+
+# dashboard control -> keyword of ctx.update (the context's cparams names, §7)
+UPDATE_KEYS: dict[str, str] = {
+    "max_nodes": "max_nodes", "parallel": "pipeline_parallel", "op_offload": "op_offload",
+    "n_ctx": "n_ctx", "n_batch": "n_batch", "n_ubatch": "n_ubatch", "flash_attn": "flash_attn",
+    "n_gpu_layers": "n_gpu_layers",
+}
+# controls that need a new Context (the model and its devices are fixed at construction)
+CONTEXT_CONTROLS = ("model", "gguf", "devices", "budget_mib")
+# controls that are ContextParams fields (passed to a new Context); the others are scheduler params
+CPARAM_CONTROLS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers", "op_offload")
+POW2 = tuple(2 ** k for k in range(0, 18))
+
+
+def _options(lo: int, hi: int, current: int) -> list[int]:
+    return sorted({v for v in POW2 if lo <= v <= hi} | {int(current)})
+
+
+def parse_max_nodes(value: str) -> int | None:
+    """``auto`` (llama.cpp's graph_max_nodes formula, §7.2) -> None; otherwise a positive integer."""
+    v = str(value).strip().lower()
+    if v in ("", "auto"):
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"max_nodes {value!r} is neither 'auto' nor an integer") from None
+    if n <= 0:
+        raise ValueError(f"max_nodes {n} must be > 0")
+    return n
+
+
+class Dashboard:
+    """Controls, decision badge and figures for one :class:`toolkit.context.Context`.
+
+    ``debounce_s`` is how long a burst of changes is collected before one reserve runs; with
+    0 (or outside a running event loop, as in tests) every change reserves at once.
+    """
+
+    def __init__(self, ctx: Any, *, model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
+                 debounce_s: float = 0.15, collapse: Collapse = "layer",
+                 context_factory: Callable[..., Any] = make_context) -> None:
+        self.ctx = ctx
+        self.debounce_s = debounce_s
+        self.error: str | None = None
+        self.n_updates = 0                      # ctx.update / context rebuild calls (after coalescing)
+        self.last_update_ms = 0.0               # control change applied -> figures updated
+        self._factory = context_factory
+        self._pending: dict[str, Any] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._syncing = False
+        self._hold = False
+        self._drawn: tuple[int, int] | None = None
+        self._model, self._devices, self._budget = model, devices, budget_mib
+        self._build(collapse)
+        self.refresh()
+
+    # ---------------------------------------------------------------- widgets
+    def _build(self, collapse: Collapse) -> None:
+        cp = self.ctx.cparams
+        style = {"description_width": "initial"}
+        n_layer = int(getattr(self.ctx.hparams, "n_layer", 32))
+        c: dict[str, W.Widget] = {
+            "model": W.Dropdown(options=list(MODEL_PRESETS), description="model", style=style,
+                                value=preset_label(self._model)),
+            "gguf": W.Text(value=self._model if self._model.endswith(".gguf") else "", placeholder="or a .gguf path",
+                           continuous_update=False, layout=W.Layout(width="220px")),
+            "devices": W.Text(value=self._devices, description="devices", placeholder="cpu | rpc:N | sim:N",
+                              continuous_update=False, style=style, layout=W.Layout(width="200px")),
+            "budget_mib": W.BoundedFloatText(value=self._budget or 0, min=0, max=1 << 30, step=64,
+                                             description="budget MiB (0 = none)", style=style,
+                                             layout=W.Layout(width="220px")),
+            "max_nodes": W.Text(value="auto", description="max_nodes", continuous_update=False, style=style,
+                                placeholder="auto or a number", layout=W.Layout(width="200px")),
+            "parallel": W.Checkbox(value=bool(getattr(cp, "pipeline_parallel", False)),
+                                   description="pipeline parallelism", indent=False),
+            "op_offload": W.Checkbox(value=bool(getattr(cp, "op_offload", True)), description="op offload",
+                                     indent=False),
+            "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
+                                       value=int(getattr(cp, "n_ctx", 4096)), description="n_ctx", style=style),
+            "n_batch": W.SelectionSlider(options=_options(1, 1 << 13, getattr(cp, "n_batch", 2048)),
+                                         value=int(getattr(cp, "n_batch", 2048)), description="n_batch", style=style),
+            "n_ubatch": W.SelectionSlider(options=_options(1, 1 << 13, getattr(cp, "n_ubatch", 512)),
+                                          value=int(getattr(cp, "n_ubatch", 512)), description="n_ubatch",
+                                          style=style),
+            "flash_attn": W.Dropdown(options=["auto", "on", "off"], description="flash attention", style=style,
+                                     value=self._fa_value(getattr(cp, "flash_attn", "auto"))),
+            "n_gpu_layers": W.IntSlider(value=min(int(getattr(cp, "n_gpu_layers", n_layer + 1)), n_layer + 1),
+                                        min=0, max=n_layer + 1, description="n_gpu_layers", style=style),
+        }
+        self.controls = c
+        for key, w in c.items():
+            w.add_class(f"toolkit-control-{key}")
+            w.observe(partial(self._on_change, key), names=["value"])
+        self.badge = W.HTML(layout=W.Layout(min_height="3em")).add_class("toolkit-badge-widget")
+        self.errors = W.HTML().add_class("toolkit-error")
+        self.sched_info = W.HTML().add_class("toolkit-sched-info")
+        self.runtime = W.HTML("JAX runtime: not started").add_class("toolkit-runtime")
+        self.collapse = W.ToggleButtons(options=["layer", "split", "none"], value=collapse,
+                                        description="split map by", style=style)
+        self.collapse.observe(lambda _ch: self._draw(force=True), names=["value"])
+        self.tokens = W.Text(value="1, 2, 3", description="tokens", style=style, layout=W.Layout(width="220px"))
+        self.compile_button = W.Button(description="compile", icon="cogs").add_class("toolkit-compile")
+        self.run_button = W.Button(description="run prompt", icon="play").add_class("toolkit-run")
+        self.compile_button.on_click(lambda _b: self._runtime_action("compile"))
+        self.run_button.on_click(lambda _b: self._runtime_action("run"))
+        self.figures: dict[str, go.FigureWidget] = {
+            name: go.FigureWidget() for name in ("timeline", "buffers", "split_map", "memory_layout")}
+        for name, fw in self.figures.items():
+            fw.add_class(f"toolkit-fig-{name}")
+        self.widget = W.VBox([
+            W.HBox([c["model"], c["gguf"], c["devices"], c["budget_mib"]]),
+            W.HBox([c["max_nodes"], c["parallel"], c["op_offload"], self.sched_info]),
+            W.HBox([c["n_ctx"], c["n_batch"], c["n_ubatch"]]),
+            W.HBox([c["flash_attn"], c["n_gpu_layers"]]),
+            self.badge, self.errors,
+            W.HBox([self.figures["timeline"], self.figures["buffers"]]),
+            self.collapse, self.figures["split_map"], self.figures["memory_layout"],
+            W.HBox([self.tokens, self.compile_button, self.run_button]), self.runtime,
+        ]).add_class("toolkit-dashboard")
+
+    @staticmethod
+    def _fa_value(v: object) -> str:
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        s = str(getattr(v, "name", v)).lower()
+        return s if s in ("auto", "on", "off") else "auto"
+
+    # ---------------------------------------------------------------- change path
+    def _on_change(self, key: str, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        self._pending[key] = change["new"]
+        self._t_change = time.perf_counter()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._hold:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.debounce_s <= 0:
+            self.flush()
+            return
+        if self._timer is not None:
+            self._timer.cancel()           # a newer change restarts the wait: the last value wins
+        self._timer = loop.call_later(self.debounce_s, self.flush)
+
+    def flush(self) -> None:
+        """Apply the pending (coalesced) changes now: one reserve, then redraw."""
+        self._timer = None
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        t0 = getattr(self, "_t_change", time.perf_counter())
+        try:
+            if any(k in pending for k in CONTEXT_CONTROLS):
+                self._new_context(pending)
+            else:
+                self.ctx.update(**{UPDATE_KEYS[k]: self._convert(k, v) for k, v in pending.items()})
+            self.n_updates += 1
+            self.error = None
+        except Exception as e:  # shown in the dashboard; the context keeps its previous state
+            self.error = f"{type(e).__name__}: {e}"
+        self.refresh()
+        self.last_update_ms = (time.perf_counter() - t0) * 1000
+
+    def apply(self, **changes: Any) -> None:
+        """Set controls as a user would (names of ``controls``), then apply them as one change."""
+        self._hold = True                  # collect all of them first
+        try:
+            for k, v in changes.items():
+                self.controls[k].value = v
+        finally:
+            self._hold = False
+        if self._timer is not None:
+            self._timer.cancel()
+        self.flush()
+
+    def _convert(self, key: str, value: Any) -> Any:
+        if key == "max_nodes":
+            return parse_max_nodes(value)
+        if key in ("n_ctx", "n_batch", "n_ubatch", "n_gpu_layers"):
+            return int(value)
+        return value
+
+    def _new_context(self, pending: dict[str, Any]) -> None:
+        c = self.controls
+        model = c["gguf"].value.strip() or MODEL_PRESETS.get(c["model"].value or "", self._model)
+        devices, budget = c["devices"].value, float(c["budget_mib"].value) or None
+        cparams = {UPDATE_KEYS[k]: self._convert(k, c[k].value) for k in CPARAM_CONTROLS}
+        n_layer_old = int(getattr(self.ctx.hparams, "n_layer", 32))
+        if c["n_gpu_layers"].value >= n_layer_old + 1:
+            cparams.pop("n_gpu_layers")      # "all layers" stays all layers on another model
+        ctx = self._factory(model, devices, budget, **cparams)
+        sched = {UPDATE_KEYS[k]: self._convert(k, c[k].value) for k in UPDATE_KEYS if k not in CPARAM_CONTROLS}
+        sched = {k: v for k, v in sched.items() if v not in (None, False)}   # defaults need no update
+        if sched:
+            ctx.update(**sched)
+        self.ctx, self._model, self._devices, self._budget = ctx, model, devices, budget
+        n_layer = int(getattr(ctx.hparams, "n_layer", 32))
+        self._syncing = True
+        try:
+            c["n_gpu_layers"].max = n_layer + 1
+            c["n_gpu_layers"].value = min(int(getattr(ctx.cparams, "n_gpu_layers", n_layer + 1)), n_layer + 1)
+        finally:
+            self._syncing = False
+
+    # ---------------------------------------------------------------- drawing
+    def refresh(self) -> None:
+        """Badge, scheduler line and figures from the context's newest event."""
+        events = list(self.ctx.events)
+        ev = events[-1] if events else None
+        held = getattr(getattr(self.ctx, "scheduler", None), "max_nodes", None)
+        self.badge.value = badge_html(ev, error=self.error, held_max_nodes=held)
+        self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
+                             f"{html.escape(self.error)}</pre>" if self.error else "")
+        if ev is not None and self.error is None:
+            self.sched_info.value = (f"<span class='toolkit-max-nodes' data-value='{ev.params.max_nodes}' "
+                                     f"data-held='{held}'>requested {params_text(ev.params)} · "
+                                     f"scheduler holds max_nodes {held}</span>")
+            self._sync_flags(ev.params.parallel, ev.params.op_offload)
+        self._draw()
+
+    def _sync_flags(self, parallel: bool, op_offload: bool) -> None:
+        # the fallback clears pipeline_parallel (§7.5): the checkbox shows what the context uses
+        self._syncing = True
+        try:
+            self.controls["parallel"].value = bool(parallel)
+            self.controls["op_offload"].value = bool(op_offload)
+        finally:
+            self._syncing = False
+
+    def _draw(self, force: bool = False) -> None:
+        events = list(self.ctx.events)
+        key = (id(self.ctx), len(events))
+        if not force and key == self._drawn:
+            return
+        self._drawn = key
+        plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
+        collapse: Collapse = self.collapse.value
+        _replace(self.figures["timeline"], figures.timeline(events))
+        _replace(self.figures["buffers"], figures.buffer_sizes(events))
+        _replace(self.figures["split_map"], figures.split_map(plan, collapse))
+        _replace(self.figures["memory_layout"], figures.memory_layout(plan))
+
+    # ---------------------------------------------------------------- runtime
+    def _runtime_action(self, what: str) -> None:
+        try:
+            import toolkit.jaxrt  # noqa: F401  (imports jax; lazily, only on click)
+        except Exception as e:
+            self.runtime.value = f"JAX runtime unavailable: {html.escape(f'{type(e).__name__}: {e}')}"
+            return
+        try:
+            t0 = time.perf_counter()
+            if what == "compile":
+                fn = getattr(self.ctx, "compile", None)
+                if fn is None:
+                    self.runtime.value = "compile unavailable: this Context has no compile()"
+                    return
+                out = fn()
+            else:
+                tokens = [int(t) for t in self.tokens.value.replace(",", " ").split()]
+                out = self.ctx.decode(tokens)
+            ms = (time.perf_counter() - t0) * 1000
+            self.runtime.value = f"{what} took {ms:.1f} ms: {html.escape(_summary(out))}"
+        except Exception as e:
+            self.runtime.value = f"<span style='color:#D55E00'>{what} failed: {html.escape(f'{type(e).__name__}: {e}')}</span>"
+        self.refresh()
+
+    # ---------------------------------------------------------------- display
+    def badge_text(self) -> str:
+        events = self.ctx.events
+        if self.error is not None:
+            return f"ERROR · {self.error} · previous state kept"
+        return badge_text(events[-1] if events else None)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"Dashboard(model={self._model!r}, devices={self._devices!r}, events={len(self.ctx.events)})"
+
+
+def _summary(out: object) -> str:
+    shape = getattr(out, "shape", None)
+    if shape is not None:
+        try:
+            import numpy as np
+
+            arr = np.asarray(out)
+            return f"shape {tuple(shape)}, argmax of last row {int(arr.reshape(-1, shape[-1])[-1].argmax())}"
+        except Exception:
+            return f"shape {tuple(shape)}"
+    return str(out)[:300]
+
+
+def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+    """Update a FigureWidget in place with a freshly built figure (traces replaced, layout reset)."""
+    layout = fig.layout.to_plotly_json()
+    # Plotly.relayout merges: name every list and axis range so nothing of the old figure lingers
+    layout.setdefault("shapes", [])
+    layout.setdefault("annotations", [])
+    for k, v in list(layout.items()):
+        if (k.startswith("xaxis") or k.startswith("yaxis")) and isinstance(v, dict) and "range" not in v:
+            v["autorange"] = True
+    with fw.batch_update():
+        fw.data = ()
+        fw.add_traces(list(fig.data))
+        fw.layout = layout
+
+
+def dashboard(model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None, *,
+              debounce_s: float = 0.15, **cparams: Any) -> Dashboard:
+    """One line in a notebook: a planning-only Context for ``model`` and its dashboard.
+
+    ``model``: tiny / small / Llama-3-8B-shaped / 70B-shaped (or llama3_8b, llama3_70b), or a .gguf path.
+    ``devices``: cpu, rpc:N or sim:N; ``budget_mib``: each device's compute memory budget.
+    Other keywords are context parameters (n_ctx=..., n_ubatch=..., flash_attn=...).
+    """
+    ctx = make_context(model, devices, budget_mib, **cparams)
+    return Dashboard(ctx, model=model, devices=devices, budget_mib=budget_mib, debounce_s=debounce_s)

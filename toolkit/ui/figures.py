@@ -1,0 +1,265 @@
+"""Pure figure builders: ReserveEvents / Plans in, a plotly ``go.Figure`` out.
+
+Nothing here computes a plan; every function only draws data the context and the scheduler
+already recorded, so each can be used (and tested) outside the dashboard. The text form of
+each view is in ``toolkit.ui.text``.
+
+>>> from toolkit.ui import figures
+>>> fig = figures.timeline(ctx.events)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from toolkit.context import ReserveEvent
+from toolkit.sched.plan import Plan
+from toolkit.ui import text
+from toolkit.ui.layers import Collapse, group_starts, node_runs
+from toolkit.ui.style import (
+    DECISION_COLOUR,
+    DECISION_SYMBOL,
+    KIND_COLOUR,
+    MIB,
+    NEUTRAL_GRID,
+    NEUTRAL_TEXT,
+    backend_colour,
+    base_layout,
+    mib,
+    nbytes_exact,
+    size_label,
+)
+
+
+def badge(ev: ReserveEvent | None, error: str | None = None) -> go.Figure:
+    """The decision as a large word, the reasons and what it cost or saved."""
+    decision = "error" if error is not None else (ev.decision if ev is not None else "none")
+    line = f"ERROR · {error} · previous state kept" if error is not None else text.badge_text(ev)
+    head, _, rest = line.partition(" · ")
+    colour = DECISION_COLOUR.get(decision, NEUTRAL_TEXT)
+    fig = go.Figure(layout=base_layout("", height=90, margin={"l": 10, "r": 10, "t": 10, "b": 10}))
+    fig.add_annotation(x=0, y=0.75, xref="paper", yref="paper", xanchor="left", showarrow=False,
+                       text=f"<b>{head}</b>", font={"size": 26, "color": colour})
+    fig.add_annotation(x=0, y=0.1, xref="paper", yref="paper", xanchor="left", showarrow=False,
+                       text=rest.replace(" · ", "<br>", 1) if len(rest) > 90 else rest,
+                       font={"size": 12, "color": NEUTRAL_TEXT})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(meta={"decision": decision, "text": line})
+    return fig
+
+
+def _event_hover(ev: ReserveEvent) -> str:
+    rows = [f"<b>#{ev.index} {ev.decision.upper()}</b>", f"trigger: {ev.trigger or '-'}",
+            f"params: {text.params_text(ev.params)}", f"was: {text.params_text(ev.previous)}",
+            f"why: {text.reasons_text(ev) or '-'}", f"timings: {text.timings_text(ev)}",
+            f"host metadata: +{size_label(ev.host_metadata_bytes)}, saved {size_label(ev.saved_host_metadata_bytes)}",
+            f"nodes pp/tg: {ev.n_nodes_pp}/{ev.n_nodes_tg}, splits pp/tg: {ev.n_splits_pp}/{ev.n_splits_tg}"]
+    if ev.error:
+        rows.append(f"error: {ev.error}")
+    return "<br>".join(rows)
+
+
+def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
+    """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details."""
+    fig = go.Figure(layout=base_layout("reserve events", height=260))
+    for decision in ("rebuilt", "reused", "fallback", "error"):
+        evs = [e for e in events if e.decision == decision]
+        fig.add_trace(go.Scatter(
+            x=[e.index for e in evs], y=[text.total_ms(e) for e in evs], mode="markers", name=decision,
+            marker={"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
+                    "line": {"width": 1, "color": NEUTRAL_TEXT}},
+            hovertext=[_event_hover(e) for e in evs], hoverinfo="text", showlegend=True))
+    if events:
+        # a thin line in event order so the sequence reads left to right
+        fig.add_trace(go.Scatter(x=[e.index for e in events], y=[text.total_ms(e) for e in events],
+                                 mode="lines", line={"color": NEUTRAL_GRID, "width": 1},
+                                 hoverinfo="skip", showlegend=False))
+    fig.update_xaxes(title_text="reserve #", dtick=1 if len(events) <= 20 else None)
+    fig.update_yaxes(title_text="reserve ms", rangemode="tozero")
+    return fig
+
+
+def _buft_order(ev: ReserveEvent) -> list[str]:
+    order: list[str] = []
+    for name in [b.buft for b in ev.buffers] + list(ev.kv_bytes) + list(ev.model_bytes) + list(ev.output_bytes):
+        if name not in order:
+            order.append(name)
+    return order
+
+
+def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
+    """Left: the newest reserve's buffers per buffer type (compute allocated vs needed, KV, weights,
+    output, scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
+    buffer type across events -- under reuse the allocated line stays at its maximum (§8)."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
+                        subplot_titles=("newest reserve", "compute buffers across reserves"))
+    fig.update_layout(**base_layout("buffer sizes", height=340, barmode="group"))
+    good = [e for e in events if e.buffers]
+    if not good:
+        fig.update_layout(meta={"text": "no buffers yet"})
+        return fig
+    ev = good[-1]
+    cats = _buft_order(ev)
+    by_buft: dict[str, list] = {c: [] for c in cats}
+    for b in ev.buffers:
+        by_buft[b.buft].append(b)
+
+    def bars(kind: str, values: dict[str, int], hover_extra: dict[str, str] | None = None) -> None:
+        xs = list(values)
+        ys = [values[x] for x in xs]
+        hover = [f"{kind} · {x}<br>{size_label(y)}" + (f"<br>{hover_extra[x]}" if hover_extra and x in hover_extra
+                                                        else "") for x, y in zip(xs, ys)]
+        fig.add_trace(go.Bar(x=xs, y=[y / MIB for y in ys], name=kind, marker_color=KIND_COLOUR[kind],
+                             hovertext=hover, hoverinfo="text", customdata=ys, legendgroup=kind), row=1, col=1)
+
+    alloc = {c: sum(b.allocated for b in bs) for c, bs in by_buft.items() if bs}
+    need = {c: max((max(b.needed_pp, b.needed_tg) for b in bs), default=0) for c, bs in by_buft.items() if bs}
+    extra = {c: "<br>".join(f"{b.backend}: pp {nbytes_exact(b.needed_pp)}, tg {nbytes_exact(b.needed_tg)}"
+                            for b in bs) for c, bs in by_buft.items() if bs}
+    # llama.cpp reports KV and weights per buft name; keep the compute buffers' order first
+    def ordered(d: dict[str, int]) -> dict[str, int]:
+        return {c: d[c] for c in cats if c in d}
+
+    bars("compute allocated", alloc, extra)
+    bars("compute needed", need, extra)
+    if ev.kv_bytes:
+        bars("KV cache", ordered(ev.kv_bytes))
+    if ev.model_bytes:
+        bars("weights", ordered(ev.model_bytes))
+    if ev.output_bytes:
+        bars("output", ordered(ev.output_bytes))
+    upto = list(events[: list(events).index(ev) + 1])
+    bars("sched host metadata", {"sched (host)": text.held_host_metadata(upto)})
+
+    # history: one colour per buffer type, allocated solid, needed dotted
+    for i, buft in enumerate(c for c in cats if c in alloc):
+        xs, ya, yn, hv = [], [], [], []
+        for e in good:
+            bs = [b for b in e.buffers if b.buft == buft]
+            if not bs:
+                continue
+            a = sum(b.allocated for b in bs)
+            n = max(max(b.needed_pp, b.needed_tg) for b in bs)
+            xs.append(e.index)
+            ya.append(a / MIB)
+            yn.append(n / MIB)
+            hv.append(f"#{e.index} {e.decision} · {buft}<br>allocated {size_label(a)}<br>needed {size_label(n)}")
+        colour = backend_colour(i)
+        fig.add_trace(go.Scatter(x=xs, y=ya, mode="lines+markers", name=f"{buft} allocated",
+                                 line={"color": colour, "width": 2, "shape": "hv"}, hovertext=hv,
+                                 hoverinfo="text", legendgroup=buft), row=1, col=2)
+        fig.add_trace(go.Scatter(x=xs, y=yn, mode="lines+markers", name=f"{buft} needed",
+                                 line={"color": colour, "width": 2, "dash": "dot", "shape": "hv"},
+                                 marker={"symbol": "circle-open"}, hovertext=hv, hoverinfo="text",
+                                 legendgroup=buft), row=1, col=2)
+    fig.update_yaxes(title_text="MiB", gridcolor=NEUTRAL_GRID, rangemode="tozero")
+    fig.update_xaxes(gridcolor=NEUTRAL_GRID)
+    fig.update_xaxes(title_text="reserve #", row=1, col=2)
+    fig.update_layout(meta={"event": ev.index, "text": text.buffers_text(upto)})
+    return fig
+
+
+def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
+    """Nodes in graph order coloured by backend (runs collapsed by layer by default), split spans
+    underneath, split boundaries as dashed lines and input copies as triangles at each split start."""
+    fig = go.Figure(layout=base_layout("split map", height=280, barmode="overlay", bargap=0.25))
+    if plan is None or not plan.nodes:
+        fig.update_layout(meta={"text": "no plan"})
+        return fig
+    runs = node_runs(plan, collapse)
+    row_nodes = "nodes" if collapse == "none" else f"nodes by {collapse}"
+    for bid in sorted({r.backend_id for r in runs}):
+        rs = [r for r in runs if r.backend_id == bid]
+        hover = [f"<b>{r.group}</b> · {r.backend}<br>nodes {r.start}..{r.end - 1} ({r.count})"
+                 f"<br>splits: {', '.join(map(str, sorted(r.splits))) or '-'}<br>{r.summary()}"
+                 f"<br>output bytes: {size_label(r.nbytes)}"
+                 + (f"<br>{r.names[0]}" if r.count == 1 else "") for r in rs]
+        fig.add_trace(go.Bar(y=[row_nodes] * len(rs), x=[r.count for r in rs], base=[r.start for r in rs],
+                             orientation="h", name=rs[0].backend, marker_color=backend_colour(bid),
+                             marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, hovertext=hover,
+                             hoverinfo="text", legendgroup=rs[0].backend))
+    for s in plan.splits:
+        ins = "<br>".join(f"{i.name} from {i.src_backend} ({size_label(i.nbytes)}{', weight' if i.is_weight else ''})"
+                          for i in s.inputs) or "no inputs"
+        fig.add_trace(go.Bar(y=["splits"], x=[max(s.i_end - s.i_start, 1)], base=[s.i_start], orientation="h",
+                             marker_color=backend_colour(s.backend_id), marker_pattern_shape="/",
+                             marker_line={"width": 1, "color": NEUTRAL_TEXT}, showlegend=False,
+                             hovertext=[f"<b>split {s.index}</b> · {s.backend}<br>nodes {s.i_start}..{s.i_end - 1}"
+                                        f"<br>inputs ({len(s.inputs)}/{s.inputs_capacity}):<br>{ins}"],
+                             hoverinfo="text", text=[f"{s.index}"], textposition="inside"))
+    # split boundaries as one batch of shapes (add_vline per split is slow on big graphs)
+    fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": s.i_start, "x1": s.i_start,
+                               "y0": 0, "y1": 1, "line": {"dash": "dash", "color": NEUTRAL_TEXT, "width": 1}}
+                              for s in plan.splits if s.index > 0])
+    with_inputs = [s for s in plan.splits if s.inputs]
+    if with_inputs:
+        fig.add_trace(go.Scatter(
+            x=[s.i_start for s in with_inputs], y=["copies"] * len(with_inputs), mode="markers+text",
+            marker={"symbol": "triangle-down", "size": 11, "color": [backend_colour(s.backend_id) for s in with_inputs],
+                    "line": {"width": 1, "color": NEUTRAL_TEXT}},
+            text=[str(len(s.inputs)) for s in with_inputs], textposition="middle right",
+            name="input copies",
+            hovertext=[f"split {s.index} copies {len(s.inputs)} input(s), "
+                       f"{size_label(sum(i.nbytes for i in s.inputs))}" for s in with_inputs],
+            hoverinfo="text"))
+    ticks = group_starts(plan) if collapse == "layer" else []
+    step = max(1, len(ticks) // 16)
+    fig.update_xaxes(title_text="node order", range=[-0.5, plan.n_nodes + 0.5],
+                     tickvals=[t[1] for t in ticks[::step]] or None, ticktext=[t[0] for t in ticks[::step]] or None)
+    fig.update_yaxes(categoryorder="array", categoryarray=["copies", "splits", row_nodes][::-1])
+    fig.update_layout(meta={"text": text.split_map_text(plan, collapse)})
+    return fig
+
+
+def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
+    """Per buffer, each planned tensor a rectangle: x = its lifetime in node order [first, last],
+    y = its address range (chunks stacked); the peak and, when known, the lower bound marked."""
+    bufs = [b for b in (plan.buffers if plan else ()) if buft is None or b.buft == buft]
+    cols = max(1, len(bufs))
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=[b.buft for b in bufs] or [""],
+                        horizontal_spacing=0.08 if cols > 1 else 0.0)
+    fig.update_layout(**base_layout("memory layout", height=340, barmode="overlay", bargap=0))
+    if plan is None:
+        fig.update_layout(meta={"text": "no plan"})
+        return fig
+    shapes: list[dict] = []
+    notes: list[dict] = list(fig.layout.annotations)
+    for col, b in enumerate(bufs, start=1):
+        allocs = [a for a in plan.allocs if a.buft == b.buft]
+        bases = text.chunk_bases(b)
+        colour = backend_colour(col - 1)
+        if allocs:
+            starts = [a.first for a in allocs]
+            widths = [a.last - a.first + 1 for a in allocs]
+            addrs = [text.address(a, bases) for a in allocs]
+            fig.add_trace(go.Bar(
+                x=[s + w / 2 for s, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
+                y=[a.size / MIB for a in allocs], name=b.buft, marker_color=colour, opacity=0.75,
+                marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, showlegend=False,
+                hovertext=[f"<b>{a.name}</b><br>offset {nbytes_exact(x)} (chunk {a.chunk})<br>size {size_label(a.size)}"
+                           f"<br>live nodes {a.first}..{a.last}" + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
+                           for a, x in zip(allocs, addrs)], hoverinfo="text"), row=1, col=col)
+        peak = max((text.address(a, bases) + a.size for a in allocs), default=0)
+        lines = [("peak", peak, "solid"), ("allocated", b.allocated, "dot")]
+        if b.lower_bound is not None:
+            lines.append(("lower bound", b.lower_bound, "dash"))
+        ax = "" if col == 1 else str(col)
+        for label, val, dash in lines:
+            shapes.append({"type": "line", "xref": f"x{ax} domain", "yref": f"y{ax}", "x0": 0, "x1": 1,
+                           "y0": val / MIB, "y1": val / MIB,
+                           "line": {"dash": dash, "color": NEUTRAL_TEXT, "width": 1}})
+            notes.append({"xref": f"x{ax} domain", "yref": f"y{ax}", "x": 0, "y": val / MIB, "xanchor": "left",
+                          "yanchor": "bottom", "showarrow": False, "text": f"{label} {mib(val)}",
+                          "font": {"size": 10, "color": NEUTRAL_TEXT}})
+        fig.update_xaxes(title_text="node order", row=1, col=col)
+    fig.update_layout(shapes=shapes, annotations=notes)
+    fig.update_yaxes(title_text="address (MiB)", row=1, col=1)
+    fig.update_layout(meta={"text": text.memory_layout_text(plan)})
+    return fig
+
+
+__all__ = ["badge", "buffer_sizes", "memory_layout", "split_map", "timeline"]

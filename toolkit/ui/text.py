@@ -1,0 +1,169 @@
+"""Text forms of every dashboard view: what tests, logs and terminals read.
+
+Each function reads ReserveEvents / Plans only; the figures in ``figures.py`` draw the same data.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from toolkit.context import ReserveEvent, SchedParams
+from toolkit.sched.plan import BufferPlan, Plan, TensorAlloc
+from toolkit.ui.layers import Collapse, node_runs
+from toolkit.ui.style import DECISION_COLOUR, mib, nbytes_exact, onoff
+
+
+def params_text(p: SchedParams | None) -> str:
+    if p is None:
+        return "none"
+    return f"max_nodes={p.max_nodes} parallel={onoff(p.parallel)} op_offload={onoff(p.op_offload)}"
+
+
+def total_ms(ev: ReserveEvent) -> float:
+    """The reserve's wall time: ``total`` when the context recorded it, else the sum of its phases."""
+    t = ev.timings_ms
+    if "total" in t:
+        return float(t["total"])
+    return float(sum(t.values()))
+
+
+def timings_text(ev: ReserveEvent) -> str:
+    return ", ".join(f"{k} {v:.2f} ms" for k, v in ev.timings_ms.items()) or "no timings"
+
+
+def reasons_text(ev: ReserveEvent) -> str:
+    if ev.reasons:
+        return "; ".join(str(r) for r in ev.reasons)
+    if ev.previous is None and ev.decision != "error":
+        return "first scheduler"
+    return ""
+
+
+def held_host_metadata(events: Sequence[ReserveEvent]) -> int:
+    """Host metadata of the live scheduler: what the newest rebuild allocated (reuse keeps it)."""
+    for ev in reversed(events):
+        if ev.decision in ("rebuilt", "fallback") and ev.host_metadata_bytes:
+            return ev.host_metadata_bytes
+    return 0
+
+
+def effect_text(ev: ReserveEvent) -> str:
+    """What the decision cost or saved (§8: reuse avoids re-allocating host metadata and buffers)."""
+    planning = f"planning {total_ms(ev):.2f} ms"
+    if ev.decision == "reused":
+        return f"saved {mib(ev.saved_host_metadata_bytes)} host metadata · {planning}"
+    if ev.decision in ("rebuilt", "fallback"):
+        return f"cost {mib(ev.host_metadata_bytes)} host metadata · {planning}"
+    return "previous state kept"
+
+
+def badge_text(ev: ReserveEvent | None) -> str:
+    """One line: ``REUSED · max_nodes 1024 <= 8192 · saved 157.81 MiB host metadata · planning 3.10 ms``."""
+    if ev is None:
+        return "NO RESERVE YET"
+    head = ev.decision.upper()
+    parts = [head]
+    why = reasons_text(ev)
+    if why:
+        parts.append(why)
+    if ev.decision == "error":
+        parts.append(ev.error or "reserve failed")
+    parts.append(effect_text(ev))
+    if ev.decision == "fallback":
+        parts.extend(ev.warnings or ("pipeline parallelism disabled",))
+    return " · ".join(parts)
+
+
+def badge_html(ev: ReserveEvent | None, error: str | None = None, held_max_nodes: int | None = None) -> str:
+    """The badge as HTML with stable classes (``toolkit-badge``, ``toolkit-badge-<decision>``) and
+    data attributes (decision, event index, requested and held max_nodes) that a browser test reads
+    in one piece; ``error`` overrides with an input error."""
+    if error is not None:
+        decision, line = "error", f"ERROR · {error} · previous state kept"
+    elif ev is None:
+        decision, line = "none", badge_text(None)
+    else:
+        decision, line = ev.decision, badge_text(ev)
+    colour = DECISION_COLOUR.get(decision, "#888888")
+    head, _, rest = line.partition(" · ")
+    trig = f"<div class='toolkit-badge-trigger' style='opacity:0.75'>{html.escape(ev.trigger)}</div>" \
+        if ev is not None and error is None and ev.trigger else ""
+    return (
+        f"<div class='toolkit-badge toolkit-badge-{decision}' data-decision='{decision}' "
+        f"data-index='{ev.index if ev is not None else -1}' "
+        f"data-requested='{ev.params.max_nodes if ev is not None else ''}' data-held='{held_max_nodes or ''}' "
+        f"style='border-left:6px solid {colour};padding:4px 10px;font-family:var(--jp-ui-font-family,sans-serif)'>"
+        f"<span class='toolkit-badge-decision' style='font-weight:700;color:{colour};font-size:1.2em'>"
+        f"{html.escape(head)}</span> "
+        f"<span class='toolkit-badge-detail'>{html.escape(rest)}</span>{trig}</div>"
+    )
+
+
+def timeline_text(events: Sequence[ReserveEvent]) -> str:
+    lines = [f"{len(events)} reserve events"]
+    for ev in events:
+        lines.append(f"#{ev.index:<3} {ev.decision.upper():<8} {total_ms(ev):8.2f} ms  "
+                     f"{params_text(ev.params)}  [{ev.trigger}] {reasons_text(ev)}")
+    return "\n".join(lines)
+
+
+def _latest_with_buffers(events: Sequence[ReserveEvent]) -> ReserveEvent | None:
+    for ev in reversed(events):
+        if ev.buffers:
+            return ev
+    return None
+
+
+def buffers_text(events: Sequence[ReserveEvent]) -> str:
+    """Per buffer type of the newest successful reserve: compute allocated/needed, KV, weights."""
+    ev = _latest_with_buffers(events)
+    if ev is None:
+        return "no buffers yet"
+    lines = [f"buffers after reserve #{ev.index} ({ev.decision})"]
+    for b in ev.buffers:
+        needed = max(b.needed_pp, b.needed_tg)
+        lines.append(f"  {b.backend:>12} {b.buft:>12} compute allocated {mib(b.allocated):>12} "
+                     f"needed {mib(needed):>12} (pp {nbytes_exact(b.needed_pp)}, tg {nbytes_exact(b.needed_tg)})")
+    for label, d in (("KV cache", ev.kv_bytes), ("weights", ev.model_bytes), ("output", ev.output_bytes)):
+        for buft, n in d.items():
+            lines.append(f"  {label:>12} {buft:>12} {mib(n):>12}")
+    lines.append(f"  sched host metadata {mib(held_host_metadata(events[: events.index(ev) + 1]))}")
+    return "\n".join(lines)
+
+
+def split_map_text(plan: Plan, collapse: Collapse = "layer") -> str:
+    lines = [f"split map: {plan.n_nodes} nodes, {plan.n_leafs} leafs, {plan.n_splits} splits, "
+             f"n_copies {plan.n_copies}"]
+    for s in plan.splits:
+        ins = ", ".join(f"{i.name} ({i.src_backend}, {nbytes_exact(i.nbytes)})" for i in s.inputs)
+        lines.append(f"  split {s.index}: {s.backend} nodes {s.i_start}..{s.i_end - 1}"
+                     f" inputs[{len(s.inputs)}]: {ins or '-'}")
+    for r in node_runs(plan, collapse):
+        lines.append(f"  {r.group:>10} {r.backend:>10} nodes {r.start}..{r.end - 1} ({r.count}) {r.summary()}")
+    return "\n".join(lines)
+
+
+def chunk_bases(b: BufferPlan) -> list[int]:
+    """Start of each chunk when a buffer's chunks are drawn one above the other (§6.2)."""
+    bases, acc = [], 0
+    for c in b.chunks:
+        bases.append(acc)
+        acc += c
+    return bases
+
+
+def address(a: TensorAlloc, bases: list[int]) -> int:
+    return (bases[a.chunk] if 0 <= a.chunk < len(bases) else 0) + a.offset
+
+
+def memory_layout_text(plan: Plan) -> str:
+    lines = []
+    for b in plan.buffers:
+        allocs = [a for a in plan.allocs if a.buft == b.buft]
+        bases = chunk_bases(b)
+        peak = max((address(a, bases) + a.size for a in allocs), default=0)
+        lb = f", lower bound {mib(b.lower_bound)}" if b.lower_bound is not None else ""
+        lines.append(f"{b.buft}: {len(allocs)} tensors, peak {mib(peak)}, needed {mib(b.needed)}, "
+                     f"allocated {mib(b.allocated)}{lb}")
+    return "\n".join(lines) or "no buffers"
