@@ -51,21 +51,27 @@ def build(n_nodes: int, backends: list[Backend], E: int = 64, T: int = 32) -> Gr
     return g
 
 
-def bench(n: int) -> tuple[int, int, int, float, float]:
-    backends = [profiles.cuda_like(0, min_batch=32), profiles.cuda_like(1, min_batch=32), profiles.cpu()]
-    g = build(n, backends)
-    s = Scheduler(backends, None, g.n_nodes + g.n_leafs, False, True)
-    t0 = time.perf_counter()
-    assert s.reserve(g)
-    t_reserve = time.perf_counter() - t0
-    return g.n_nodes, g.n_leafs, s.n_splits, t_reserve * 1e3, t_reserve * 1e6 / g.n_nodes
+def bench(n: int, repeats: int) -> tuple[int, int, int, float, float]:
+    """Best of ``repeats`` fresh reserves: (n_nodes, n_leafs, n_splits, wall ms, CPU ms).
+
+    CPU time is reported too because the wall clock is noisy on a shared machine."""
+    best_wall = best_cpu = float("inf")
+    for _ in range(repeats):
+        backends = [profiles.cuda_like(0, min_batch=32), profiles.cuda_like(1, min_batch=32), profiles.cpu()]
+        g = build(n, backends)
+        s = Scheduler(backends, None, g.n_nodes + g.n_leafs, False, True)
+        w0, c0 = time.perf_counter(), time.process_time()
+        assert s.reserve(g)
+        best_wall = min(best_wall, time.perf_counter() - w0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return g.n_nodes, g.n_leafs, s.n_splits, best_wall * 1e3, best_cpu * 1e3
 
 
 def main() -> None:
-    print(f"{'target':>8} {'n_nodes':>8} {'n_leafs':>8} {'splits':>6} {'reserve ms':>11} {'us/node':>8}")
-    for n in (1_000, 10_000, 100_000):
-        nodes, leafs, splits, ms, per = bench(n)
-        print(f"{n:>8} {nodes:>8} {leafs:>8} {splits:>6} {ms:>11.1f} {per:>8.2f}")
+    print(f"{'target':>8} {'n_nodes':>8} {'n_leafs':>8} {'splits':>6} {'wall ms':>9} {'cpu ms':>9} {'cpu us/node':>12}")
+    for n, repeats in ((1_000, 5), (10_000, 3), (100_000, 1)):
+        nodes, leafs, splits, wall, cpu = bench(n, repeats)
+        print(f"{n:>8} {nodes:>8} {leafs:>8} {splits:>6} {wall:>9.1f} {cpu:>9.1f} {cpu * 1e3 / nodes:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ one with planner="ggml" (byte-exact ggml_gallocr) and one with planner="offline"
   marks; `needed` in the plan, before the buffers' historical maximum);
 - lower bound: sum over buffers of the peak of simultaneously live bytes (same lifetimes);
 - ggml/LB, offline/LB: the two ratios;
-- plan us/node: plan_offline alone on the pp graph's merged lifetimes, per graph_copy node;
+- ggml walk us/node: ggml's planning walk (§6.5) over the pp graph_copy, per node; the offline
+  planner runs the same walk first, to learn the lifetimes;
+- offline us/node: plan_offline alone on the pp graph's merged lifetimes, per graph_copy node
+  (both timings: minimum over --repeat runs);
 - reuse ms / rebuild ms: sched_reserve (probes + pp + tg + pp) on the ggml context when the
   scheduler is kept (max_nodes back to its smaller value) and when it is rebuilt (max_nodes
   grown), from ReserveEvent.timings_ms["total"], the minimum over --repeat rounds;
@@ -32,7 +35,7 @@ from toolkit.sched.offline import Interval, plan_offline  # noqa: E402
 from toolkit.sched.report import merged_intervals  # noqa: E402
 
 COLS = ["model", "n_ctx", "fa", "nodes", "ggml", "offline", "lower bound", "ggml/LB", "offline/LB",
-        "plan us/node", "reuse ms", "rebuild ms", "sched_new ms"]
+        "ggml walk us/node", "offline us/node", "reuse ms", "rebuild ms", "sched_new ms"]
 
 
 def plan_bytes(ctx: Context) -> tuple[int, int, int]:
@@ -44,17 +47,37 @@ def plan_bytes(ctx: Context) -> tuple[int, int, int]:
     return needed, lb, plan.graph_copy_nodes
 
 
-def offline_plan_time(ctx: Context) -> float:
-    """Seconds plan_offline takes on the scheduler's last planned lifetimes (one call per buffer)."""
+def offline_plan_time(ctx: Context, repeat: int) -> float:
+    """Seconds plan_offline takes on the scheduler's last planned lifetimes (one call per buffer),
+    the minimum over ``repeat`` runs (the machine may be shared)."""
     s = ctx.scheduler
     merged, _ = merged_intervals(s.galloc.lifetimes)
     by_buffer: dict[int, list[Interval]] = {}
     for size, first, last, bid in merged:
         by_buffer.setdefault(s.galloc.shares_allocator(bid), []).append(Interval(size, first, last))
-    t = time.perf_counter()
-    for bid, ivs in by_buffer.items():
-        plan_offline(ivs, s.galloc.bufts[bid].alignment)
-    return time.perf_counter() - t
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for bid, ivs in by_buffer.items():
+            plan_offline(ivs, s.galloc.bufts[bid].alignment)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def ggml_plan_time(ctx: Context, repeat: int) -> float | None:
+    """Seconds of ggml's planning walk (§6.5) over the last split graph, the minimum over ``repeat``
+    runs; None when the scheduler does not expose its graph_copy (the walk is then not timed)."""
+    s = ctx.scheduler
+    try:
+        args = (s.graph_copy_nodes, s.graph_copy_leafs, s._node_ids, s._leaf_ids)
+    except AttributeError:
+        return None
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        s.galloc.plan(*args)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def reserve_times(ctx: Context, repeat: int) -> tuple[float, float, float]:
@@ -83,10 +106,13 @@ def row(model: str, n_ctx: int, fa: str, devices: tuple[str, ...], repeat: int) 
     g_bytes, lb, nodes = plan_bytes(ggml_ctx)
     o_bytes, lb_o, _ = plan_bytes(off_ctx)
     assert lb == lb_o, (lb, lb_o)  # same graph, same lifetimes
-    per_node_us = offline_plan_time(ggml_ctx) / max(nodes, 1) * 1e6
+    per_node_us = offline_plan_time(ggml_ctx, repeat) / max(nodes, 1) * 1e6
+    walk = ggml_plan_time(ggml_ctx, repeat)
+    walk_us = "n/a" if walk is None else f"{walk / max(nodes, 1) * 1e6:.1f}"
     reuse_ms, rebuild_ms, new_ms = reserve_times(ggml_ctx, repeat)
     return [model, str(n_ctx), fa, str(nodes), str(g_bytes), str(o_bytes), str(lb), f"{g_bytes / lb:.4f}",
-            f"{o_bytes / lb:.4f}", f"{per_node_us:.1f}", f"{reuse_ms:.1f}", f"{rebuild_ms:.1f}", f"{new_ms:.1f}"]
+            f"{o_bytes / lb:.4f}", walk_us, f"{per_node_us:.1f}", f"{reuse_ms:.1f}", f"{rebuild_ms:.1f}",
+            f"{new_ms:.1f}"]
 
 
 def render(rows: list[list[str]], markdown: bool) -> str:

@@ -143,3 +143,35 @@ def test_oracle_forced_pipeline_case_replays_as_fallback_under_a_budget() -> Non
     assert ev.decision == "fallback" and ev.n_copies == 1
     unforced = case("rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon")
     assert ctx.compute_buffers_bytes() == unforced["observed"]["compute_buffers_bytes"]
+
+
+def test_flash_attn_auto_turns_off_when_the_kv_device_cannot_run_it() -> None:
+    """-fa auto: the probe puts FLASH_ATTN_EXT on the CPU when the layer's device lacks it, so FA is disabled
+    (the oracle's CPU and RPC cases resolve to enabled: see the faauto cases in test_oracle)."""
+    from toolkit.backend import profiles
+
+    gpu = profiles.simulated(0, excluded_ops=["FLASH_ATTN_EXT"])
+    ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="auto"),
+                  devices=[gpu, profiles.cpu(gpu.host_buft)])
+    assert ctx.flash_attn is False
+    assert any("Flash Attention disabled" in w for w in ctx.events[-1].warnings)
+    names = {t.name for t in ctx.build_graph(8).nodes}
+    # the cache was made for flash attention (V not transposed), so V is transposed and made contiguous
+    assert {"v_cont-0", "v_cont-1", "kq_soft_max-0"} <= names
+    on = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="auto"),
+                 devices=[profiles.simulated(0), profiles.cpu()])
+    assert on.flash_attn is True and on.events[-1].warnings == ()
+
+
+def test_changing_devices_rebuilds_and_matches_a_fresh_context() -> None:
+    ctx = _tiny()
+    ev = ctx.update(devices=("rpc:127.0.0.1:50052",), n_gpu_layers=99)
+    assert ev.decision == "rebuilt" and ev.reasons[0].field == "devices"
+    obs = case("rpc1-tiny_f32-ngl99-oo1-c1024-b2048-ub512-faon")["observed"]
+    assert ctx.compute_buffers_bytes() == obs["compute_buffers_bytes"]
+    assert ctx.model_buffers_bytes == obs["model_buffers_bytes"]
+    assert (ev.n_splits_pp, ev.n_splits_tg) == (obs["graph_splits"], obs["graph_splits_tg"])
+    # moving layers between the same backends keeps the scheduler (and its larger buffers)
+    again = ctx.update(n_gpu_layers=1)
+    assert again.decision == "reused"
+    assert again.buffers[0].allocated == obs["compute_buffers_bytes"]["RPC0[127.0.0.1:50052]"]

@@ -70,10 +70,14 @@ def test_hparams_from_oracle_model_dict() -> None:
                      "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q4_0", "ffn_down.weight": "F16"}
 
 
-def test_block_quantized_rows_must_fit() -> None:
+def test_block_quantized_rows_fall_back_to_f16() -> None:
+    """Without an override, ffn_down of small (688 columns) is F16 under Q4_0, as in the oracle's small_q4_0."""
+    hp = LlamaHParams.from_dict({**cases()[0]["model"], "n_embd": 256, "n_head": 8, "n_head_kv": 8, "n_ff": 688,
+                                 "n_embd_head": 32, "n_rot": 32, "dtype": "q4_0"})
+    assert {w.type.name for w in hp.weights() if w.name.endswith("ffn_down.weight")} == {"F16"}
+    assert hp == LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {}})
     with pytest.raises(ValueError, match="ffn_down.weight: row of 688 elements"):
-        LlamaHParams.from_dict({**cases()[0]["model"], "n_embd": 256, "n_head": 8, "n_head_kv": 8, "n_ff": 688,
-                                "n_embd_head": 32, "n_rot": 32, "dtype": "q4_0"})
+        LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {"ffn_down.weight": "q4_0"}})
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "med", "llama3_8b", "llama3_70b"])
@@ -112,3 +116,13 @@ def test_hparams_from_gguf_metadata(tmp_path) -> None:  # type: ignore[no-untype
     import dataclasses
 
     assert hparams_from_gguf(path) == dataclasses.replace(presets.tiny(tied=True), name="tiny_f32")
+
+
+@pytest.mark.parametrize("module", ["toolkit.models.hparams", "toolkit.models.cparams", "toolkit.models.devices",
+                                    "toolkit.context"])
+def test_docstring_examples(module: str) -> None:
+    import doctest
+    import importlib
+
+    res = doctest.testmod(importlib.import_module(module))
+    assert res.failed == 0 and res.attempted > 0

@@ -43,3 +43,18 @@ def test_graph_too_large_names_counts_and_capacity() -> None:
     g.build_forward_expand(t)
     with pytest.raises(GraphTooLarge, match=r"5 \+ 1 = 6 exceeds the hash capacity 5"):
         s.reserve(g)
+
+
+def test_null_key_of_pass3_needs_one_more_slot() -> None:
+    """A constant leaf read by an unassigned node makes pass 3 hash the null view_src (§3.3)."""
+    s = Scheduler([profiles.cpu()], None, 2, False, True)  # hash capacity 2
+    x = ops.new_tensor_1d(F32, 4, "const")
+    g = Graph(8)
+    g.build_forward_expand(ops.sqr(x))
+    assert g.n_nodes + g.n_leafs == s.hash_size == 2
+    with pytest.raises(GraphTooLarge, match="exceeds the hash capacity 2"):
+        s.reserve(g)
+    ok = Scheduler([profiles.cpu()], None, 3, False, True)
+    g2 = Graph(8)
+    g2.build_forward_expand(ops.sqr(ops.new_tensor_1d(F32, 4, "const")))
+    assert ok.reserve(g2)

@@ -186,3 +186,25 @@ def test_skyline_scans_alike_in_python_and_numpy(intervals: list[Interval], name
     finally:
         offline._SCAN_IN_PYTHON = saved
     assert with_numpy == with_python
+
+
+def test_minimalloc_rows_are_half_open() -> None:
+    # read inclusively, [lower, upper] would need more than the posed capacity (1 MiB) on every
+    # instance; read half-open, the live peak fits it, as the data README says
+    for path in sorted(MINIMALLOC.glob("*.csv")):
+        capacity = int(path.name.split(".")[1])
+        ivs = load_minimalloc(path)
+        assert lower_bound(ivs) <= capacity < lower_bound([Interval(iv.size, iv.start, iv.end + 1) for iv in ivs])
+
+
+def test_bench_planner_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = MINIMALLOC.parents[1] / "bench_planner.py"
+    spec = importlib.util.spec_from_file_location("bench_planner", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--iterations", "1"])
+    out = capsys.readouterr().out
+    assert "geomean" in out and out.count("\n") >= 14

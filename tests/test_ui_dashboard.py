@@ -62,7 +62,8 @@ class StubContext:
 
     def update(self, **changes: Any) -> ReserveEvent:
         self.update_calls.append(changes)
-        new = replace(self.cparams, **{k: v for k, v in changes.items() if k != "max_nodes"})
+        cp = {("pipeline_parallel" if k == "parallel" else k): v for k, v in changes.items() if k != "max_nodes"}
+        new = replace(self.cparams, **cp)
         mn = changes.get("max_nodes", self.max_nodes_override)
         if new.n_ubatch > new.n_batch:
             raise ValueError(f"n_ubatch {new.n_ubatch} > n_batch {new.n_batch}")
@@ -226,7 +227,7 @@ def expected_max_nodes(text: str, auto: int) -> int:
     return auto if text == "auto" else int(text)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(CHANGES, min_size=1, max_size=12))
 def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]]) -> None:
     ctx, dash = make_dashboard()

@@ -22,6 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolkit.ggml.graph import GraphFull
+from toolkit.models import ContextParams, LlamaHParams, presets
+from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
+from toolkit.sched import Scheduler, hash_size, host_metadata_bytes
 from toolkit.sched.plan import Plan
 
 Decision = Literal["reused", "rebuilt", "fallback", "error"]
@@ -147,8 +151,7 @@ _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
 N_FUSED_OP_PROBES = (1, 16, 1, 1, 1, 1)
 
 
-def _hparams(model: Any) -> Any:
-    from toolkit.models import LlamaHParams, presets
+def _hparams(model: Any) -> LlamaHParams:
     if isinstance(model, LlamaHParams):
         return model
     if isinstance(model, str):
@@ -170,15 +173,13 @@ class Context:
 
     def __init__(self, model: Any, cparams: Any = None, devices: Sequence[Any] | None = None,
                  planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None) -> None:
-        from toolkit.models import ContextParams
-        from toolkit.models.setup import setup
         self.hparams = _hparams(model)
-        self.cparams = cparams if cparams is not None else ContextParams()
+        self.cparams: ContextParams = cparams if cparams is not None else ContextParams()
         self.planner = planner
         self._backends_arg = list(devices) if devices is not None else None
         self.max_nodes_override = self._check_max_nodes(max_nodes)
         self.parallel_override = parallel
-        self.setup = setup(self.hparams, self.cparams, self._backends_arg)
+        self.setup: LlamaSetup = setup(self.hparams, self.cparams, self._backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
         self.scheduler: Any = None
         self.sched_params_cur: SchedParams | None = None   # what the scheduler was built with
@@ -224,7 +225,7 @@ class Context:
     def compute_buffers_bytes(self) -> dict[str, int]:
         """``get_buffer_size`` per backend by buft name, zero-sized buffers included."""
         out: dict[str, int] = {}
-        for i, be in enumerate(self.scheduler.backends):
+        for i in range(self.scheduler.n_backends):
             name = self.scheduler.bufts[i].name
             out[name] = out.get(name, 0) + self.scheduler.buffer_size(i)
         return out
@@ -232,7 +233,6 @@ class Context:
     # ---- the seed (#32009) -------------------------------------------------------------------
     def sched_new(self, params: SchedParams) -> bool:
         """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
-        from toolkit.sched import Scheduler
         if self.scheduler is not None and self.sched_params_cur is not None \
                 and params.can_reuse(self.sched_params_cur):
             return True
@@ -245,7 +245,6 @@ class Context:
 
     # ---- graphs --------------------------------------------------------------------------------
     def _max_nodes(self) -> int:
-        from toolkit.models.setup import graph_max_nodes
         rp = self.setup.resolved
         n_tokens = min(rp.n_ctx, rp.n_ubatch)
         return self.max_nodes_override or graph_max_nodes(self.setup.model.n_tensors, n_tokens)
@@ -253,7 +252,6 @@ class Context:
     def build_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
                     graph_size: int | None = None) -> Any:
         """Reset the scheduler, build llama's graph and apply the graph callback's pins (§7.4)."""
-        from toolkit.models.setup import apply_pins
         self.scheduler.reset()
         lg = self.setup.builder(graph_size or self._max_nodes()).build(
             n_tokens, n_seqs, n_tokens if n_outputs is None else n_outputs)
@@ -280,8 +278,6 @@ class Context:
 
     def _precheck(self, params: SchedParams) -> None:
         """Refuse a max_nodes too small for the graph before touching the scheduler (state kept)."""
-        from toolkit.ggml.graph import GraphFull
-        from toolkit.sched import hash_size
         rp = self.setup.resolved
         n_tokens = min(rp.n_ctx, rp.n_ubatch)
         try:
@@ -298,9 +294,8 @@ class Context:
 
     # ---- sched_reserve (§7.5) -------------------------------------------------------------------
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
-        from toolkit.sched import host_metadata_bytes
         t0 = time.perf_counter()
-        st, rp = self.setup, self.setup.resolved
+        rp = self.setup.resolved
         n_seqs = rp.n_seq_max
         n_tokens = min(rp.n_ctx, rp.n_ubatch)
         n_outputs_pp = min(n_tokens, rp.n_outputs_max)
@@ -397,7 +392,6 @@ class Context:
         Bad input raises ValueError naming the value and the limit; the context, its scheduler and
         its buffers stay as they were (an "error" event records the attempt).
         """
-        from toolkit.models.setup import setup
         saved = (self.cparams, self.setup, self.max_nodes_override, self.parallel_override, self.pipeline_parallel,
                  self.scheduler, self.sched_params_cur, self.sched_params_req, self._fa_resolved)
         old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
@@ -471,6 +465,16 @@ class Context:
         if fn is None:
             raise RuntimeError("toolkit.jaxrt provides no decode(ctx, tokens)")
         return fn(self, tokens, **kwargs)
+
+    def generate(self, prompt_ids: Any, n: int) -> Any:
+        """Greedy generation on JAX (``toolkit.jaxrt.generate``)."""
+        import importlib
+        return importlib.import_module("toolkit.jaxrt").generate(self, prompt_ids, n)
+
+    @property
+    def last_graph(self) -> Any:
+        """The LlamaGraph of the last build_graph / graph_reserve (inputs, logits, pins)."""
+        return getattr(self, "_last_graph", None)
 
     def __repr__(self) -> str:
         p = self.sched_params_cur

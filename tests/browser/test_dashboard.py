@@ -19,7 +19,7 @@ from conftest import NotebookRun
 BADGE = ".jp-NotebookPanel:visible .toolkit-badge"
 # the same in CSS (":visible" is playwright's): the notebook panel that is not hidden
 PANEL_CSS = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-UPDATE_TIMEOUT_S = 60
+UPDATE_TIMEOUT_S = 120
 
 
 def badge_state(page: Any) -> dict[str, Any]:
@@ -43,15 +43,26 @@ def wait_new_event(page: Any, after: int) -> dict[str, Any]:
         page.wait_for_timeout(100)
 
 
-def buffer_bars(page: Any) -> dict[str, list[float]]:
-    """The buffer-size figure's bar values (bytes) as plotly drew them in the page."""
+def buffer_bars(page: Any, event: int) -> dict[str, list[float]]:
+    """The buffer-size figure's bar values (bytes) as plotly drew them in the page, once the
+    figure shows reserve ``event`` (its layout.meta.event); {} before that."""
     return page.evaluate(
-        """() => { const gd = document.querySelector(
-                       '.jp-NotebookPanel:not(.lm-mod-hidden) .toolkit-fig-buffers .js-plotly-plot');
+        """(ev) => { const el = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .toolkit-fig-buffers');
+                   // the FigureWidget's own element is plotly's graph div
+                   const gd = el && (el.classList.contains('js-plotly-plot') ? el : el.querySelector('.js-plotly-plot'));
                    const out = {};
-                   if (!gd || !gd.data) return out;
+                   if (!gd || !gd.data || !gd.layout.meta || gd.layout.meta.event !== ev) return out;
                    for (const t of gd.data) if (t.type === 'bar') out[t.name] = Array.from(t.customdata || []);
-                   return out; }""")
+                   return out; }""", event)
+
+
+def wait_bars(page: Any, event: int) -> dict[str, list[float]]:
+    deadline = time.monotonic() + UPDATE_TIMEOUT_S
+    while not (bars := buffer_bars(page, event)).get("KV cache"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"buffer figure does not show event {event}")
+        page.wait_for_timeout(100)
+    return bars
 
 
 def set_max_nodes(page: Any, value: int) -> None:
@@ -94,17 +105,14 @@ def drive_dashboard(run: NotebookRun, artifacts_dir: Path, label: str) -> list[s
     held = larger
 
     # 3. move the n_ctx slider one stop: the KV (and compute) bars change; flags and max_nodes kept -> reused
-    before = buffer_bars(page)
-    assert before.get("KV cache"), before
+    before = wait_bars(page, st["index"])
     handle = page.locator(".jp-NotebookPanel:visible .toolkit-control-n_ctx .noUi-handle")
     handle.focus()
     handle.press("ArrowRight")
     st = wait_new_event(page, st["index"])
     assert st["decision"] == expected_decision(st["requested"], held) == "reused", st
-    deadline = time.monotonic() + UPDATE_TIMEOUT_S
-    while (after := buffer_bars(page)) == before and time.monotonic() < deadline:
-        page.wait_for_timeout(100)
-    assert after.get("KV cache") != before.get("KV cache"), (before, after)
+    after = wait_bars(page, st["index"])
+    assert after["KV cache"] != before["KV cache"], (before, after)
     seen.append(st["decision"])
 
     page.locator(".jp-NotebookPanel:visible .toolkit-dashboard").first.scroll_into_view_if_needed()

@@ -14,10 +14,12 @@ def test_stub_dashboard(run_notebook, jupyter_lab, artifacts_dir: Path) -> None:
     nbformat.write(nb, jupyter_lab.workdir / "stub.ipynb")
     run = run_notebook("stub.ipynb")
     run.page.locator(".toolkit-badge").first.wait_for()
-    run.page.wait_for_timeout(3000)
     print("DBG", run.page.evaluate("""() => { const f = document.querySelectorAll('[class*=toolkit-fig]');
         return Array.from(f).map(e => e.className + ' :: ' + e.outerHTML.slice(0, 300)); }"""))
     print("DBG2", run.page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => e.className + ' | ' + (e.data ? e.data.length : 'nodata'))"""))
-    seen = drive_dashboard(run, artifacts_dir, "dashboard-stub")
+    try:
+        seen = drive_dashboard(run, artifacts_dir, "dashboard-stub")
+    finally:
+        print("DBG3", run.page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => e.className + ' | ' + String(JSON.stringify(e.layout.meta)).slice(0, 200) + ' | ' + JSON.stringify(e.layout.title))"""))
     print(seen, run.console_errors)
     assert run.console_errors == []

@@ -43,12 +43,23 @@ def tile_to(b: jnp.ndarray, shape: tuple[int, ...]) -> jnp.ndarray:
 # ---- matmul and attention ---------------------------------------------------------------
 
 def mul_mat(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-    """result[i3, i2, j, i] = dot(a[i3 // r3, i2 // r2, i, :], b[i3, i2, j, :]) (ggml_mul_mat)."""
+    """result[i3, i2, j, i] = dot(a[i3 // r3, i2 // r2, i, :], b[i3, i2, j, :]) (ggml_mul_mat).
+
+    The broadcast rows of b are folded into one batched matmul per (i3, i2) of a, with both
+    batch dims leading, which is the form XLA's dot emitters run fastest."""
     a3, a2, m, k = a.shape
     b3, b2, n, _ = b.shape
     r3, r2 = b3 // a3, b2 // a2
+    if a3 == a2 == 1:  # a 2-D weight: one plain matmul over all of b's rows
+        out = jnp.matmul(b.reshape(b3 * b2 * n, k), a[0, 0].T, precision=HIGHEST)
+        return out.reshape(b3, b2, n, m)
     bb = b.reshape(a3, r3, a2, r2, n, k)
-    out = jnp.einsum("xymk,xpyqnk->xpyqnm", a, bb, precision=HIGHEST)
+    if r3 * r2 > 1:
+        bb = jnp.transpose(bb, (0, 2, 1, 3, 4, 5))
+    out = jnp.matmul(bb.reshape(a3, a2, r3 * r2 * n, k), jnp.swapaxes(a, -1, -2), precision=HIGHEST)
+    out = out.reshape(a3, a2, r3, r2, n, m)
+    if r3 * r2 > 1:
+        out = jnp.transpose(out, (0, 2, 1, 3, 4, 5))
     return out.reshape(b3, b2, n, m)
 
 
@@ -66,15 +77,23 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
 def _mask_for(mask: jnp.ndarray, ne3: int, ne2: int, ne1: int) -> jnp.ndarray:
     """Mask rows 0..ne1-1, broadcast over dims 2 and 3 by i % ne_mask (ggml soft_max, flash_attn)."""
     m = mask[:, :, :ne1, :]
-    m = jnp.take(m, np.arange(ne2) % m.shape[1], axis=1)
-    return jnp.take(m, np.arange(ne3) % m.shape[0], axis=0)
+    for axis, n in ((1, ne2), (0, ne3)):
+        if m.shape[axis] != n and m.shape[axis] != 1:
+            m = jnp.take(m, np.arange(n) % m.shape[axis], axis=axis)
+    return m  # size-1 dims broadcast
+
+
+def _add_mask(x: jnp.ndarray, mask: jnp.ndarray, max_bias: float) -> jnp.ndarray:
+    m = _mask_for(mask.astype(jnp.float32), *x.shape[:3])
+    if max_bias > 0.0:
+        m = alibi_slopes(x.shape[1], max_bias)[None, :, None, None] * m
+    return x + m
 
 
 def soft_max_ext(a: jnp.ndarray, mask: jnp.ndarray | None, scale: float, max_bias: float) -> jnp.ndarray:
     x = a * scale
     if mask is not None:
-        slope = alibi_slopes(a.shape[1], max_bias)[None, :, None, None]
-        x = x + slope * _mask_for(mask.astype(jnp.float32), *a.shape[:3])
+        x = _add_mask(x, mask, max_bias)
     return jax.nn.softmax(x, axis=-1)
 
 
@@ -86,23 +105,26 @@ def flash_attn_ext(
     s3, h, nq, d = q.shape
     k3, hk, nkv, _ = k.shape
     rk3, rk2 = s3 // k3, h // hk
-    qq = q.reshape(k3, rk3, hk, rk2, nq, d)
+    # fold the query heads sharing a KV head (GQA) into rows: one batched matmul per KV head
+    qq = jnp.transpose(q.reshape(k3, rk3, hk, rk2, nq, d), (0, 2, 1, 3, 4, 5)).reshape(k3, hk, rk3 * rk2 * nq, d)
     if logit_softcap != 0.0:
         scale = scale / logit_softcap
-    s = jnp.einsum("xpyqnd,xykd->xpyqnk", qq, k, precision=HIGHEST).reshape(s3, h, nq, nkv) * scale
+    s = jnp.matmul(qq, jnp.swapaxes(k, -1, -2), precision=HIGHEST) * scale
+    s = jnp.transpose(s.reshape(k3, hk, rk3, rk2, nq, nkv), (0, 2, 1, 3, 4, 5)).reshape(s3, h, nq, nkv)
     if logit_softcap != 0.0:
         s = logit_softcap * jnp.tanh(s)
     if mask is not None:
-        slope = alibi_slopes(h, max_bias)[None, :, None, None]
-        s = s + slope * _mask_for(mask.astype(jnp.float32), s3, h, nq)
+        s = _add_mask(s, mask, max_bias)
     mx = jnp.max(s, axis=-1, keepdims=True)
     mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
     p = jnp.exp(s - mx)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     # a fully masked row gives 0, as ggml's S == 0 guard does
     p = p / jnp.where(denom == 0.0, 1.0, denom)
-    out = jnp.einsum("xpyqnk,xykd->xpyqnd", p.reshape(k3, rk3, hk, rk2, nq, nkv), v, precision=HIGHEST)
-    return jnp.transpose(out.reshape(s3, h, nq, v.shape[-1]), (0, 2, 1, 3))
+    pp = jnp.transpose(p.reshape(k3, rk3, hk, rk2, nq, nkv), (0, 2, 1, 3, 4, 5)).reshape(k3, hk, rk3 * rk2 * nq, nkv)
+    out = jnp.matmul(pp, v, precision=HIGHEST).reshape(k3, hk, rk3, rk2, nq, v.shape[-1])
+    out = jnp.transpose(out, (0, 2, 1, 3, 4, 5)).reshape(s3, h, nq, v.shape[-1])
+    return jnp.transpose(out, (0, 2, 1, 3))
 
 
 # ---- rope ---------------------------------------------------------------------------------

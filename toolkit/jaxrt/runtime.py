@@ -143,9 +143,11 @@ class Engine:
         self.rt = Runtime(self.backends, self.cache)
 
     # ---- KV cache --------------------------------------------------------------------------
-    def clear(self) -> None:
-        """Forget the KV cache contents (llama_memory_clear)."""
-        self.rt.reset_kv()
+    def clear(self, data: bool = False) -> None:
+        """Forget the KV cache (``llama_memory_clear``): the cells become free; ``data`` also zeroes
+        them (stale cells are never read: the mask hides every cell past the sequence)."""
+        if data:
+            self.rt.reset_kv()
         self.n_past = 0
 
     # ---- inputs (llm_graph_input_*::set_input for one sequence) ----------------------------

@@ -42,6 +42,7 @@ def summary(ctx: Any) -> dict[str, Any]:
         "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
         "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,
         "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
+        "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
     }
@@ -73,7 +74,10 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
             out.append(f"sched_reserve: {name:>10s} compute buffer size = {b / 2**20:8.2f} MiB ({b} bytes)")
     n, ntg = result["graph_nodes"], result["graph_nodes_tg"]
     s, stg = result["graph_splits"], result["graph_splits_tg"]
-    out.append(f"sched_reserve: graph nodes  = {n}" if n == ntg else f"sched_reserve: graph nodes  = {n} (with bs=?), {ntg} (with bs=1)")
-    out.append(f"sched_reserve: graph splits = {s}" if s == stg else f"sched_reserve: graph splits = {s} (with bs=?), {stg} (with bs=1)")
+    bs = result.get("reserve_n_tokens", "?")
+    out.append(f"sched_reserve: graph nodes  = {n}" if n == ntg
+               else f"sched_reserve: graph nodes  = {n} (with bs={bs}), {ntg} (with bs=1)")
+    out.append(f"sched_reserve: graph splits = {s}" if s == stg
+               else f"sched_reserve: graph splits = {s} (with bs={bs}), {stg} (with bs=1)")
     out.append(f"sched_reserve: sched copies = {result['n_copies']}")
     return out

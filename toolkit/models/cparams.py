@@ -83,7 +83,8 @@ class ContextParams:
     def replace(self, **changes: Any) -> ContextParams:
         unknown = set(changes) - set(self.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown context parameter(s) {sorted(unknown)}; known: {sorted(self.__dataclass_fields__)}")
+            known = sorted(self.__dataclass_fields__)
+            raise ValueError(f"unknown context parameter(s) {sorted(unknown)}; known: {known}")
         return replace(self, **changes)
 
     def resolve(self, n_ctx_train: int, *, causal_attn: bool = True) -> ResolvedParams:
@@ -134,7 +135,8 @@ class ContextParams:
             n_gpu_layers=int(ngl), split_mode=split,  # type: ignore[arg-type]
             main_gpu=int(d.get("main_gpu", 0)), tensor_split=tuple(ts) if ts else None,
             devices=tuple(devices), use_mmap=use_mmap,
-            force_pipeline_parallel=bool(d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            force_pipeline_parallel=bool(
+                d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
         )
 
     def to_dict(self) -> dict[str, Any]:

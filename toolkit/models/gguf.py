@@ -51,7 +51,8 @@ def hparams_from_gguf(path: str | Path) -> LlamaHParams:
         n_head_kv=int(k("attention.head_count_kv", n_head)), n_ff=int(k("feed_forward_length")),
         n_vocab=int(vocab), n_ctx_train=int(k("context_length", 4096)),
         n_rot_=None if rot is None or int(rot) == n_embd // n_head else int(rot),
-        rope_freq_base=float(k("rope.freq_base", 10000.0)), eps=float(f'{k("attention.layer_norm_rms_epsilon", 1e-5):.6g}'),
+        rope_freq_base=float(k("rope.freq_base", 10000.0)),
+        eps=float(f'{k("attention.layer_norm_rms_epsilon", 1e-5):.6g}'),
         tied="output.weight" not in types, dtype=dtype, tensor_types=overrides,
         name=str(_field(reader, "general.name", Path(path).stem)),
     )

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.ggml.types import F32, GGMLType
+from toolkit.ggml.types import F16, F32, GGMLType
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -103,18 +103,24 @@ class LlamaHParams:
         return self.n_embd_head * self.n_head_kv
 
     # ---- weights --------------------------------------------------------------------------
-    def tensor_type(self, name: str, ndim: int) -> GGMLType:
-        """The type of a weight: an override by the longest matching suffix, else F32 for 1-D, else dtype."""
+    def tensor_type(self, name: str, ne: tuple[int, ...]) -> GGMLType:
+        """The type of a weight: an override by the longest matching suffix, else F32 for 1-D, else dtype.
+
+        A matrix whose rows are not a whole number of ``dtype`` blocks is stored F16, as the oracle's
+        small_q4_0 stores ffn_down (688 columns are not a multiple of Q4_0's 32).
+        """
         best = ""
         for suffix in self.tensor_types:
             if name.endswith(suffix) and len(suffix) > len(best):
                 best = suffix
         if best:
             return self.tensor_types[best]
-        return F32 if ndim == 1 else self.dtype
+        if len(ne) == 1:
+            return F32
+        return self.dtype if ne[0] % self.dtype.blck_size == 0 else F16
 
     def _w(self, name: str, ne: tuple[int, ...], layer: int, op: str = "MUL_MAT") -> WeightInfo:
-        return WeightInfo(name, ne, self.tensor_type(name, len(ne)), layer, op)
+        return WeightInfo(name, ne, self.tensor_type(name, ne), layer, op)
 
     def weights(self) -> list[WeightInfo]:
         """The GGUF's tensors in file order: token_embd, the blocks, output_norm, output.

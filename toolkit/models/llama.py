@@ -152,7 +152,7 @@ class LlamaGraphBuilder:
 
     def _attn(self, res: LlamaGraph, il: int, q: Tensor, k_cur: Tensor, v_cur: Tensor, k_idxs: Tensor,
               v_idxs: Tensor, kq_mask: Tensor, kq_scale: float) -> Tensor:
-        gf, kv, hp = res.graph, self.kv, self.hp
+        gf = res.graph
         # build_attn: expand Q, V, K together so they are not reordered (fewer splits)
         gf.build_forward_expand(q)
         gf.build_forward_expand(v_cur)
@@ -162,9 +162,7 @@ class LlamaGraphBuilder:
         k = self._get_k(il)
         v = self._get_v(il)
         cur = self._attn_mha(res, il, q, k, v, kq_mask, kq_scale)
-        cb = self._cb
-        cb(res, cur, "kqv_out", il)
-        del hp
+        self._cb(res, cur, "kqv_out", il)
         return cur
 
     def _cpy_k(self, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:

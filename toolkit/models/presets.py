@@ -19,10 +19,8 @@ def tiny(dtype: str | GGMLType = "f32", *, tied: bool = False) -> LlamaHParams:
 def small(dtype: str | GGMLType = "f32") -> LlamaHParams:
     """The oracle's ``small_f32``: 4 layers, n_embd 256, 8 heads, n_ff 688."""
     t = GGMLType.parse(dtype)
-    # 688 is not a multiple of 32: a block-quantized ffn_down stays F16, as the oracle's small_q4_0 does
-    overrides = {"ffn_down.weight": GGMLType.F16} if t.is_quantized else {}
-    return LlamaHParams(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=688, dtype=t,
-                        tensor_types=overrides, name=f"small_{t.lower}")
+    # 688 is not a multiple of 32: a block-quantized ffn_down is stored F16 (LlamaHParams.tensor_type)
+    return LlamaHParams(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=688, dtype=t, name=f"small_{t.lower}")
 
 
 def med(dtype: str | GGMLType = "f32") -> LlamaHParams:

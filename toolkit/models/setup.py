@@ -75,7 +75,7 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
     KV offloaded, and every non-CPU backend with async compute and events (the last check is
     the one ``force_pipeline_parallel`` skips, like the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
-    check = {
+    check: dict[str, object] = {
         "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
         "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": False,
         "caps_async_events": caps, "force": cp.force_pipeline_parallel,

@@ -134,7 +134,7 @@ def make_plan(s: Scheduler) -> Plan:
     offl = s._offline_allocs
     allocs = []
     for life in galloc.lifetimes:
-        chunk, offset = (0, offl[id(life.tensor)][1]) if offl is not None else (life.chunk, life.offset)
+        chunk, offset = offl[id(life.tensor)] if offl is not None else (life.chunk, life.offset)
         allocs.append(TensorAlloc(
             life.tensor.name, galloc.bufts[life.buffer_id].name, chunk, offset, life.size, life.first, life.last,
             life.inplace_of.name if life.inplace_of is not None else None,
@@ -146,7 +146,7 @@ def make_plan(s: Scheduler) -> Plan:
         if galloc.shares_allocator(i) != i:
             continue
         sharing = [j for j in range(s.n_backends) if galloc.shares_allocator(j) == i]
-        chunks = (needed[i],) if offl is not None else galloc.allocators[i].chunk_sizes()
+        chunks = s.planned_chunks(i)
         buffers.append(BufferPlan(
             s.bufts[i].name, tuple(backends[j].name for j in sharing), s.buffer_size(i), needed[i], chunks,
             peak_live_bytes(intervals, set(sharing)),

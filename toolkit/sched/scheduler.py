@@ -367,6 +367,13 @@ class Scheduler:
         return [raw[i] if self.galloc.shares_allocator(i) == i else 0 for i in range(self.n_backends)]
 
     _offline_sizes: tuple[int, ...] = ()
+    _offline_chunks: tuple[tuple[int, ...], ...] = ()
+
+    def planned_chunks(self, i: int) -> tuple[int, ...]:
+        """The chunk sizes the last plan needs for backend i's allocator (offline or ggml)."""
+        if self._offline_allocs is not None:
+            return self._offline_chunks[i]
+        return tuple(self.galloc.allocators[i].chunk_sizes())
 
     # ---- reporting -------------------------------------------------------------------------
     def plan(self) -> Plan:

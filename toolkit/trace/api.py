@@ -131,6 +131,10 @@ class Traced:
             if id(t) in live:
                 graph.build_forward_expand(t)
         for t in outs:
+            if isinstance(t.extra, LeafInfo) and t.extra.kind in ("const", "literal"):
+                # a constant returned as is: no node reads it, so no pass would give it a backend
+                # (§3.4 places leafs as srcs of nodes); the runner returns its value directly
+                continue
             graph.build_forward_expand(t)
             t.set_output()
         tg = TracedGraph(graph, inputs, outs, self.weights)
@@ -163,9 +167,10 @@ class Traced:
     # ---- scheduling and running ------------------------------------------------------------
     def schedule(self, backends: Sequence[Backend] | None = None, *, op_offload: bool = True,
                  parallel: bool = False, max_nodes: int | None = None,
-                 pins: dict[str, int] | None = None) -> Schedule:
+                 pins: dict[str, int] | None = None, planner: str = "ggml") -> Schedule:
         """Split and allocate a fresh build with the ggml scheduler (reserve, then alloc_graph,
-        as llama.cpp does). ``pins`` maps node names to backend indices (set_tensor_backend)."""
+        as llama.cpp does). ``pins`` maps node names to backend indices (set_tensor_backend);
+        ``planner="offline"`` sizes the buffers with the offline planner instead of ggml's."""
         from toolkit.trace.schedule import Schedule
 
         if backends is not None and (self.backends is None or list(backends) != self.backends):
@@ -173,7 +178,7 @@ class Traced:
         if self.backends is None:
             raise ValueError("schedule() needs backends (pass backends=, or trace(..., backends=...))")
         return Schedule.make(self, self.backends, op_offload=op_offload, parallel=parallel,
-                             max_nodes=max_nodes, pins=pins or {})
+                             max_nodes=max_nodes, pins=pins or {}, planner=planner)
 
     def __call__(self, *args: Any, params: Any = None) -> Any:
         """Run on the backends given so far (scheduled once with op offload on, then reused)."""

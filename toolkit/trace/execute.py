@@ -125,7 +125,7 @@ class Executor:
                     self._run_node(t, b, k, copied)
             runs.append(SplitRun(k, self.names[b], str(self.devices[b]), i0, i1, tuple(n for n, _ in copied),
                                  sum(s for _, s in copied), time.perf_counter() - t0))
-        outs = [self._vals[id(t)] for t in outputs]
+        outs = [self._vals.get(id(t)) for t in outputs]  # constants returned as is are not in the graph
         return outs, RunReport(tuple(runs), self.mode)
 
     def _run_node(self, t: Tensor, b: int, k: int, copied: list[tuple[str, int]]) -> None:

@@ -242,7 +242,7 @@ def _view(x: Tensor, shape: Sequence[int], dtype: str, op: Op, offs: int,
     return v
 
 
-def _permute(x: Tensor, perm: tuple[int, ...], name: str, base: dict[str, Any]) -> Tensor:
+def _permute(x: Tensor, perm: tuple[int, ...], name: str, base: dict[str, Any]) -> Tensor | None:
     # numpy: out axis j = in axis perm[j]; ggml_permute: source dim i goes to position axes[i]
     rank = len(perm)
     axes = list(range(4))
@@ -253,8 +253,11 @@ def _permute(x: Tensor, perm: tuple[int, ...], name: str, base: dict[str, Any]) 
     for i, ax in enumerate(axes):
         ne[ax] = x.ne[i]
         nb[ax] = x.nb[i]
-    v = Tensor(x.type, x.ne, op=Op.PERMUTE, src=[x], view_src=x, view_offs=0, nb=x.nb, name=name,
-               op_params={**base, "axes": tuple(axes)})
+    try:
+        v = Tensor(x.type, x.ne, op=Op.PERMUTE, src=[x], view_src=x, view_offs=0, nb=x.nb, name=name,
+                   op_params={**base, "axes": tuple(axes)})
+    except ValueError:
+        return None  # outside ggml's view bounds check: keep it a computed node
     v.ne = (ne[0], ne[1], ne[2], ne[3])
     v.nb = (nb[0], nb[1], nb[2], nb[3])
     return v

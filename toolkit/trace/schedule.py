@@ -64,13 +64,13 @@ class Schedule:
     # ---- making one ------------------------------------------------------------------------
     @classmethod
     def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
-             max_nodes: int | None, pins: dict[str, int]) -> Schedule:
+             max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
         """reserve on one build, alloc_graph on another (a graph is split once, §3)."""
         from toolkit.sched import Scheduler
 
         first = traced.build()
         n = first.graph.n_nodes + first.graph.n_leafs
-        s = Scheduler(list(backends), None, max_nodes or max(1024, 2 * n), parallel, op_offload)
+        s = Scheduler(list(backends), None, max_nodes or max(1024, 2 * n), parallel, op_offload, planner)
         s.reset()
         _pin(s, first, pins)
         ok = s.reserve(first.graph)

@@ -1,22 +1,26 @@
 """The live dashboard and its figures (imports plotly and ipywidgets; load lazily).
 
 >>> import toolkit
->>> toolkit.dashboard(model="tiny")      # doctest: +SKIP
+>>> dash = toolkit.dashboard(model="tiny")            # doctest: +SKIP
+>>> from toolkit.ui import figures
+>>> figures.buffer_sizes(dash.ctx.events)             # doctest: +SKIP
+
+``toolkit.ui.figures`` builds each view from ReserveEvents / Plans, ``toolkit.ui.text`` gives
+the same views as text, ``toolkit.ui.dashboard`` holds :class:`Dashboard` and ``dashboard()``.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from toolkit.ui import figures, text
 from toolkit.ui.figures import badge, buffer_sizes, memory_layout, split_map, timeline
 
-__all__ = ["Dashboard", "badge", "buffer_sizes", "dashboard", "figures", "memory_layout", "split_map",
-           "text", "timeline"]
+__all__ = ["Dashboard", "badge", "buffer_sizes", "figures", "memory_layout", "split_map", "text", "timeline"]
 
 
 def __getattr__(name: str) -> object:
-    # ipywidgets loads only when the dashboard itself is asked for.
-    if name in ("Dashboard", "dashboard"):
-        from toolkit.ui import dashboard as _d
-
-        return getattr(_d, name)
+    # ipywidgets loads only when the dashboard itself is asked for
+    if name == "Dashboard":
+        return importlib.import_module("toolkit.ui.dashboard").Dashboard
     raise AttributeError(f"module 'toolkit.ui' has no attribute {name!r}")

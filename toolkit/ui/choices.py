@@ -86,14 +86,19 @@ def resolve_model(model: str) -> Any:
 
 
 def make_context(model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
-                 planner: str = "ggml", **cparams: Any) -> Any:
-    """A planning-only Context for a preset / GGUF model on the given devices (first reserve included)."""
+                 planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
+                 **cparams: Any) -> Any:
+    """A planning-only Context for a preset / GGUF model on the given devices (first reserve included).
+
+    ``max_nodes``/``parallel`` override graph_max_nodes and the pipeline-parallel rule (None: llama.cpp's).
+    """
     from toolkit.context import Context
     from toolkit.models.cparams import ContextParams
 
     hp = resolve_model(model)
     devs = parse_devices(devices, budget_mib).cparams_devices()
-    ctx = Context(hp, ContextParams(devices=devs, **cparams), planner=planner)
+    ctx = Context(hp, ContextParams(devices=devs, **cparams), planner=planner, max_nodes=max_nodes,
+                  parallel=parallel)
     if not getattr(ctx, "events", None):
         ctx.sched_reserve(trigger=f"model {model} on {devices}")
     return ctx

@@ -25,18 +25,21 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from toolkit.ui import figures
-from toolkit.ui.choices import MODEL_PRESETS, make_context, preset_label
+from toolkit.ui.choices import MODEL_PRESETS, make_context, parse_devices, preset_label
 from toolkit.ui.layers import Collapse
 from toolkit.ui.text import badge_html, badge_text, params_text
 
 # dashboard control -> keyword of ctx.update (the context's cparams names, §7)
+# (max_nodes / parallel are the context's overrides of graph_max_nodes and the §7.3 rule)
 UPDATE_KEYS: dict[str, str] = {
-    "max_nodes": "max_nodes", "parallel": "pipeline_parallel", "op_offload": "op_offload",
+    "max_nodes": "max_nodes", "parallel": "parallel", "op_offload": "op_offload",
     "n_ctx": "n_ctx", "n_batch": "n_batch", "n_ubatch": "n_ubatch", "flash_attn": "flash_attn",
     "n_gpu_layers": "n_gpu_layers",
 }
-# controls that need a new Context (the model and its devices are fixed at construction)
-CONTEXT_CONTROLS = ("model", "gguf", "devices", "budget_mib")
+# controls that need a new Context (the model is fixed at construction)
+CONTEXT_CONTROLS = ("model", "gguf")
+# the device picker: one ``devices=`` change (ContextParams.devices) made of both controls
+DEVICE_CONTROLS = ("devices", "budget_mib")
 # controls that are ContextParams fields (passed to a new Context); the others are scheduler params
 CPARAM_CONTROLS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers", "op_offload")
 POW2 = tuple(2 ** k for k in range(0, 18))
@@ -68,9 +71,10 @@ class Dashboard:
     """
 
     def __init__(self, ctx: Any, *, model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
-                 debounce_s: float = 0.15, collapse: Collapse = "layer",
+                 debounce_s: float = 0.15, collapse: Collapse = "layer", fig_width: int = 960,
                  context_factory: Callable[..., Any] = make_context) -> None:
         self.ctx = ctx
+        self.fig_width = fig_width
         self.debounce_s = debounce_s
         self.error: str | None = None
         self.n_updates = 0                      # ctx.update / context rebuild calls (after coalescing)
@@ -144,7 +148,7 @@ class Dashboard:
             W.HBox([c["n_ctx"], c["n_batch"], c["n_ubatch"]]),
             W.HBox([c["flash_attn"], c["n_gpu_layers"]]),
             self.badge, self.errors,
-            W.HBox([self.figures["timeline"], self.figures["buffers"]]),
+            self.figures["timeline"], self.figures["buffers"],
             self.collapse, self.figures["split_map"], self.figures["memory_layout"],
             W.HBox([self.tokens, self.compile_button, self.run_button]), self.runtime,
         ]).add_class("toolkit-dashboard")
@@ -189,7 +193,13 @@ class Dashboard:
             if any(k in pending for k in CONTEXT_CONTROLS):
                 self._new_context(pending)
             else:
-                self.ctx.update(**{UPDATE_KEYS[k]: self._convert(k, v) for k, v in pending.items()})
+                changes = {UPDATE_KEYS[k]: self._convert(k, v) for k, v in pending.items() if k in UPDATE_KEYS}
+                if any(k in pending for k in DEVICE_CONTROLS):
+                    c = self.controls
+                    changes["devices"] = parse_devices(c["devices"].value,
+                                                       float(c["budget_mib"].value) or None).cparams_devices()
+                self.ctx.update(**changes)
+                self._devices, self._budget = self.controls["devices"].value, self.controls["budget_mib"].value
             self.n_updates += 1
             self.error = None
         except Exception as e:  # shown in the dashboard; the context keeps its previous state
@@ -224,11 +234,8 @@ class Dashboard:
         n_layer_old = int(getattr(self.ctx.hparams, "n_layer", 32))
         if c["n_gpu_layers"].value >= n_layer_old + 1:
             cparams.pop("n_gpu_layers")      # "all layers" stays all layers on another model
-        ctx = self._factory(model, devices, budget, **cparams)
-        sched = {UPDATE_KEYS[k]: self._convert(k, c[k].value) for k in UPDATE_KEYS if k not in CPARAM_CONTROLS}
-        sched = {k: v for k, v in sched.items() if v not in (None, False)}   # defaults need no update
-        if sched:
-            ctx.update(**sched)
+        # a new model starts from llama.cpp's pipeline-parallel rule; a typed max_nodes carries over
+        ctx = self._factory(model, devices, budget, max_nodes=parse_max_nodes(c["max_nodes"].value), **cparams)
         self.ctx, self._model, self._devices, self._budget = ctx, model, devices, budget
         n_layer = int(getattr(ctx.hparams, "n_layer", 32))
         self._syncing = True
@@ -271,10 +278,11 @@ class Dashboard:
         self._drawn = key
         plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
         collapse: Collapse = self.collapse.value
-        _replace(self.figures["timeline"], figures.timeline(events))
-        _replace(self.figures["buffers"], figures.buffer_sizes(events))
-        _replace(self.figures["split_map"], figures.split_map(plan, collapse))
-        _replace(self.figures["memory_layout"], figures.memory_layout(plan))
+        w = self.fig_width
+        _replace(self.figures["timeline"], figures.timeline(events), w)
+        _replace(self.figures["buffers"], figures.buffer_sizes(events), w)
+        _replace(self.figures["split_map"], figures.split_map(plan, collapse), w)
+        _replace(self.figures["memory_layout"], figures.memory_layout(plan), w)
 
     # ---------------------------------------------------------------- runtime
     def _runtime_action(self, what: str) -> None:
@@ -327,9 +335,11 @@ def _summary(out: object) -> str:
     return str(out)[:300]
 
 
-def _replace(fw: go.FigureWidget, fig: go.Figure) -> None:
+def _replace(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> None:
     """Update a FigureWidget in place with a freshly built figure (traces replaced, layout reset)."""
     layout = fig.layout.to_plotly_json()
+    if width:
+        layout["width"] = width
     # Plotly.relayout merges: name every list and axis range so nothing of the old figure lingers
     layout.setdefault("shapes", [])
     layout.setdefault("annotations", [])

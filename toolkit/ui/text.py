@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from toolkit.context import ReserveEvent, SchedParams
+from toolkit.context import Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Plan, TensorAlloc
 from toolkit.ui.layers import Collapse, node_runs
 from toolkit.ui.style import DECISION_COLOUR, mib, nbytes_exact, onoff
@@ -32,9 +32,15 @@ def timings_text(ev: ReserveEvent) -> str:
     return ", ".join(f"{k} {v:.2f} ms" for k, v in ev.timings_ms.items()) or "no timings"
 
 
+def _reason(r: Reason) -> str:
+    if r.field == "scheduler" and r.before is None:
+        return "first scheduler"        # the context had none: nothing to reuse
+    return str(r)
+
+
 def reasons_text(ev: ReserveEvent) -> str:
     if ev.reasons:
-        return "; ".join(str(r) for r in ev.reasons)
+        return "; ".join(_reason(r) for r in ev.reasons)
     if ev.previous is None and ev.decision != "error":
         return "first scheduler"
     return ""

@@ -1,0 +1,128 @@
+"""The dashboard and its figures on a real (planning-only) Context of the tiny model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.strategies as st
+import plotly.graph_objects as go
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from toolkit.ui import Dashboard, figures, text
+from toolkit.ui.choices import make_context, parse_devices, preset_label, resolve_model
+from toolkit.ui.style import MIB
+
+
+@pytest.fixture(scope="module")
+def tiny_events() -> list[Any]:
+    ctx = make_context("tiny")
+    ctx.update(max_nodes=1000)          # reused
+    ctx.update(op_offload=False)        # rebuilt
+    ctx.update(n_ctx=1024)              # reused, KV grows
+    return list(ctx.events)
+
+
+def test_figures_draw_a_real_context(tiny_events: list[Any]) -> None:
+    evs = tiny_events
+    assert [e.decision for e in evs] == ["rebuilt", "reused", "rebuilt", "reused"]
+    assert text.badge_text(evs[0]).startswith("REBUILT · first scheduler")
+    assert text.badge_text(evs[1]).startswith("REUSED · max_nodes 1000 <= 1024 · saved")
+    assert "op_offload on \u2192 off" in text.badge_text(evs[2])
+    ev = evs[-1]
+    fig = figures.buffer_sizes(evs)
+    bars = {t.name: t for t in fig.data if isinstance(t, go.Bar)}
+    assert list(bars["compute allocated"].customdata) == [sum(b.allocated for b in ev.buffers)]
+    assert dict(zip(bars["KV cache"].x, bars["KV cache"].customdata)) == ev.kv_bytes
+    assert dict(zip(bars["weights"].x, bars["weights"].customdata)) == ev.model_bytes
+    plan = ev.plan
+    sm = figures.split_map(plan)
+    nodes = [t for t in sm.data if isinstance(t, go.Bar) and t.y[0].startswith("nodes")]
+    assert sum(sum(t.x) for t in nodes) == plan.n_nodes == ev.n_nodes_pp
+    assert list(sm.layout.xaxis.ticktext)[:2] == ["input", "L0"]
+    ml = figures.memory_layout(plan)
+    assert sum(len(t.x) for t in ml.data if isinstance(t, go.Bar)) == len(plan.allocs)
+    assert any(a.text.startswith("lower bound") for a in ml.layout.annotations) == any(
+        b.lower_bound is not None for b in plan.buffers)
+    tl = figures.timeline(evs)
+    assert sum(len(t.x) for t in tl.data if t.mode == "markers") == len(evs)
+    # reuse keeps the larger buffer: a reused event's allocated bytes never drop below the previous
+    for a, b in zip(evs, evs[1:]):
+        if b.decision == "reused":
+            assert sum(x.allocated for x in b.buffers) >= sum(x.allocated for x in a.buffers)
+
+
+def test_choices() -> None:
+    assert parse_devices("sim:2", 512).cparams_devices() == (f"sim:{512 * MIB}",) * 2
+    assert parse_devices("rpc:3").cparams_devices() == ("rpc:3",)
+    assert parse_devices("cpu").cparams_devices() == ()
+    with pytest.raises(ValueError, match="'gpu:2' not understood"):
+        parse_devices("gpu:2")
+    with pytest.raises(ValueError, match="N=0 must be in 1..16"):
+        parse_devices("sim:0")
+    with pytest.raises(ValueError, match="applies to sim:N or cuda:N"):
+        parse_devices("rpc:1", 64)
+    assert preset_label("llama3_8b") == "Llama-3-8B-shaped" and preset_label("tiny") == "tiny"
+    assert resolve_model("70B-shaped").n_layer == 80
+    with pytest.raises(ValueError, match="model 'gpt5' unknown"):
+        resolve_model("gpt5")
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_model("/nonexistent/model.gguf")
+
+
+def test_model_and_device_pickers() -> None:
+    dash = Dashboard(make_context("tiny"), debounce_s=0)
+    dash.controls["devices"].value = "sim:2"
+    ev = dash.ctx.events[-1]
+    assert dash.error is None, dash.error
+    assert ev.decision == "rebuilt" and any(r.field == "devices" for r in ev.reasons)
+    assert {b.backend for b in ev.buffers} == {"SIM0", "SIM1", "CPU"}
+    old = dash.ctx
+    dash.controls["model"].value = "small"
+    assert dash.error is None, dash.error
+    assert dash.ctx is not old and dash.ctx.hparams.n_layer == 4
+    assert dash.controls["n_gpu_layers"].max == 5
+    assert dash.badge_text().startswith("REBUILT")
+    dash.controls["devices"].value = "tpu:1"
+    assert "not understood" in (dash.error or "") and dash.badge_text().startswith("ERROR")
+
+
+CHANGES = st.one_of(
+    st.tuples(st.just("max_nodes"), st.sampled_from(["auto", "50", "600", "1000", "1024", "2048"])),
+    st.tuples(st.just("parallel"), st.booleans()),
+    st.tuples(st.just("op_offload"), st.booleans()),
+    st.tuples(st.just("n_ctx"), st.sampled_from([256, 512, 1024])),
+    st.tuples(st.just("n_ubatch"), st.sampled_from([32, 256, 4096])),
+    st.tuples(st.just("devices"), st.sampled_from(["cpu", "sim:2"])),
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(CHANGES, min_size=1, max_size=8))
+def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]]) -> None:
+    ctx = make_context("tiny")
+    dash = Dashboard(ctx, debounce_s=0)
+    auto = max(1024, 8 * ctx.setup.model.n_tensors)     # graph_max_nodes for llama (§7.2)
+    held = ctx.events[-1].params                         # what the live scheduler was built with
+    for key, value in changes:
+        if dash.controls[key].value == value:
+            continue
+        n = len(ctx.events)
+        dash.controls[key].value = value
+        ev = ctx.events[-1]
+        assert len(ctx.events) == n + 1                  # every change reserved (or recorded its error)
+        badge = dash.badge_text()
+        assert badge.startswith(ev.decision.upper()), (badge, ev)
+        if ev.decision == "error":
+            assert dash.error is not None and ev.error in dash.error
+            continue
+        want = auto if dash.controls["max_nodes"].value == "auto" else int(dash.controls["max_nodes"].value)
+        assert ev.params.max_nodes == want
+        assert ev.params.op_offload == dash.controls["op_offload"].value
+        # the seed's rule written out: same parallel, same op_offload, max_nodes <= the held one
+        reuse = (key != "devices" and ev.params.parallel == held.parallel
+                 and ev.params.op_offload == held.op_offload and ev.params.max_nodes <= held.max_nodes)
+        assert ev.decision in (("reused",) if reuse else ("rebuilt", "fallback")), (key, value, held, ev)
+        if ev.decision != "reused":
+            held = ev.params
+        assert f"toolkit-badge-{ev.decision}" in dash.badge.value
