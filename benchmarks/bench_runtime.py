@@ -169,7 +169,11 @@ def bench_rebuild_reuse(reps: int) -> dict[str, Any]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def bench_rss(cycles: int) -> dict[str, Any]:
+def _live(cls: type) -> int:
+    return sum(1 for o in gc.get_objects() if isinstance(o, cls))
+
+
+def bench_rss(cycles: int, keep_events: int) -> dict[str, Any]:
     from toolkit.jaxrt.compile import default_cache
     from toolkit.jaxrt.runtime import compile_splits, decode
     from toolkit.models import presets
@@ -188,10 +192,19 @@ def bench_rss(cycles: int) -> dict[str, Any]:
         compile_splits(ctx, 1 + i % 3)
         decisions[ctx.update(max_nodes=ctx.sched_params_cur.max_nodes).decision] += 1  # reuse
         compile_splits(ctx, 1 + i % 3)
+        if keep_events:
+            # the context keeps every ReserveEvent (each with its plan snapshot); the runtime keeps none
+            del ctx.events[:-keep_events]
         if i in (10, cycles):
             gc.collect()
             rss[i] = rss_mb()
+    from jax.stages import Compiled
+
+    from toolkit.sched import Scheduler
+
     return {"cycles": cycles, "rss_mb": rss, "seconds": time.perf_counter() - t0, "decisions": decisions,
+            "live_schedulers": _live(Scheduler), "live_executables": _live(Compiled),
+            "events_kept": len(ctx.events),
             "cache_entries": len(cache.entries), "cache_max": cache.max_entries, "cache_hits": cache.hits,
             "cache_misses": cache.misses, "evictions": cache.evictions, "events": len(ctx.events)}
 
@@ -199,9 +212,11 @@ def bench_rss(cycles: int) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=1000)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--n-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--keep-events", type=int, default=10,
+                    help="trim the context's event history to this many per cycle (0: keep all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from toolkit.jaxrt.compile import enable_persistent_cache
@@ -209,7 +224,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-jax-") as d:
         enable_persistent_cache(d)  # a fresh persistent cache: "cold" means a real XLA compile
         res = {"throughput": bench_throughput(args.iters, args.n_tokens),
-               "rebuild_vs_reuse_ms": bench_rebuild_reuse(args.reps), "rss": bench_rss(args.cycles)}
+               "rebuild_vs_reuse_ms": bench_rebuild_reuse(args.reps), "rss": bench_rss(args.cycles, args.keep_events)}
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
@@ -226,6 +241,8 @@ def main(argv: list[str]) -> int:
         print(f"  after {n:5d} cycles  {mb:8.1f} MB")
     print(f"  decisions {rs['decisions']}, compile cache {rs['cache_entries']}/{rs['cache_max']} entries, "
           f"{rs['cache_hits']} hits, {rs['cache_misses']} compiles, {rs['evictions']} evictions")
+    print(f"  live Scheduler objects {rs['live_schedulers']}, live XLA executables {rs['live_executables']}, "
+          f"context events kept {rs['events_kept']}")
     return 0
 
 

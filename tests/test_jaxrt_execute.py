@@ -14,7 +14,7 @@ request_cpu_devices(4)
 import jax.numpy as jnp  # noqa: E402
 
 from toolkit.backend import Backend, Buffer  # noqa: E402
-from toolkit.ggml import F16, F32, I32, BufferUsage, GGMLType, Graph, Q8_0, Tensor, ops  # noqa: E402
+from toolkit.ggml import F16, F32, I32, Q8_0, BufferUsage, GGMLType, Graph, Tensor, ops  # noqa: E402
 from toolkit.jaxrt import layout  # noqa: E402
 from toolkit.jaxrt.compile import CompileCache  # noqa: E402
 from toolkit.jaxrt.devices import make_backends  # noqa: E402

@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from toolkit.ggml import BF16, F16, F32, I32, Q4_0, Q8_0, Graph, GGMLType, Tensor, ops  # noqa: E402
+from toolkit.ggml import BF16, F16, F32, I32, Q4_0, Q8_0, GGMLType, Graph, Tensor, ops  # noqa: E402
 from toolkit.jaxrt import layout  # noqa: E402
 from toolkit.jaxrt.kernels import eval_nodes  # noqa: E402
 from toolkit.jaxrt.layout import strided_read  # noqa: E402
@@ -24,17 +24,17 @@ def rnd(*shape: int) -> np.ndarray:
 
 
 def run(outs: list[Tensor], feeds: dict[Tensor, np.ndarray]) -> list[np.ndarray]:
-    """Evaluate the graph of outs; returns each output's logical value (numpy order, f32/i32)."""
+    """Evaluate the graph of outs (one jit); returns each output's logical value (numpy order, f32/i32)."""
     g = Graph(256)
     for o in outs:
         g.build_forward_expand(o)
-    values = {t: jnp.asarray(layout.host_storage(t, v)) for t, v in feeds.items()}
-    env = eval_nodes(g.nodes, values)
-    res = []
-    for o in outs:
-        x = env.read(o)
-        res.append(np.asarray(x.astype(jnp.float32) if x.dtype != jnp.int32 else x))
-    return res
+    keys = list(feeds)
+
+    def f(*flats: jax.Array) -> list[jax.Array]:
+        env = eval_nodes(g.nodes, dict(zip(keys, flats)))
+        return [x.astype(jnp.float32) if x.dtype != jnp.int32 else x for x in (env.read(o) for o in outs)]
+
+    return [np.asarray(x) for x in jax.jit(f)(*[jnp.asarray(layout.host_storage(t, v)) for t, v in feeds.items()])]
 
 
 def close(a: np.ndarray, b: np.ndarray, tol: float = 1e-5) -> None:
@@ -261,3 +261,22 @@ def test_flash_attn_ext_gqa_mask() -> None:
         p = np.exp(s - s.max(-1, keepdims=True))
         want[:, h] = (p / p.sum(-1, keepdims=True)) @ V[h // 2].astype(np.float32)
     close(out, want[None], 1e-4)  # ggml ne [d, n_head, n_tokens]
+
+
+@pytest.mark.parametrize("type_", [Q8_0, Q4_0])
+def test_set_rows_into_quantized_cache_quantizes_like_ggml(type_: GGMLType) -> None:
+    cache = ops.new_tensor_2d(type_, 64, 5, "cache_k")
+    rows = ops.new_tensor_2d(F32, 64, 2, "kcur")
+    ids = ops.new_tensor_1d(I64, 2, "k_idxs")
+    R = rnd(2, 64)
+    R[0, :32] = np.linspace(-1, 1, 32)  # exact halves and a block with a negative extreme
+    g = Graph(8)
+    g.build_forward_expand(ops.set_rows(cache, rows, ids))
+    base = jnp.zeros(layout.storage_units(cache), jnp.uint8)
+    env = eval_nodes(g.nodes, {cache: base, rows: jnp.asarray(R.ravel()),
+                               ids: jnp.asarray(layout.host_storage(ids, np.array([3, 0], np.int64)))})
+    got = np.asarray(env.values[cache]).reshape(5, -1)
+    qt = QT.Q8_0 if type_ is Q8_0 else QT.Q4_0
+    want = quants.quantize(R, qt)
+    np.testing.assert_array_equal(got[3], want[0])
+    np.testing.assert_array_equal(got[0], want[1])

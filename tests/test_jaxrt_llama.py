@@ -23,8 +23,23 @@ from toolkit.jaxrt.runtime import Engine, engine, load_weights  # noqa: E402
 from toolkit.models import ContextParams, LlamaHParams, presets  # noqa: E402
 
 
-def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False) -> np.ndarray:
+def _kv_round(x: jax.Array, kv: str) -> jax.Array:
+    """The values a KV cache of type kv holds (f16 rounding; Q8_0 blocks of each token's row)."""
+    if kv == "f16":
+        return x.astype(jnp.float16).astype(jnp.float32)
+    if kv == "q8_0":
+        from gguf import GGMLQuantizationType, quants
+
+        rows = np.asarray(x).reshape(x.shape[0], -1)
+        deq = quants.dequantize(quants.quantize(rows, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+        return jnp.asarray(deq.reshape(x.shape))
+    return x
+
+
+def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False,
+                    kv: str = "f32") -> np.ndarray:
     """Plain JAX llama (no ggml, no cache): logits [T, n_vocab] of every position of ``tokens``."""
+    kv = "f16" if kv_f16 else kv
     W = {k: jnp.asarray(v) for k, v in w.items()}
     T, H, hd = len(tokens), hp.n_head, hp.n_embd_head
     nkv, rot = hp.n_head_kv, hp.n_rot
@@ -50,8 +65,7 @@ def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int
         q = rope(mm(h, p + "attn_q.weight").reshape(T, H, hd))
         k = rope(mm(h, p + "attn_k.weight").reshape(T, nkv, hd))
         v = mm(h, p + "attn_v.weight").reshape(T, nkv, hd)
-        if kv_f16:
-            k, v = k.astype(jnp.float16).astype(jnp.float32), v.astype(jnp.float16).astype(jnp.float32)
+        k, v = _kv_round(k, kv), _kv_round(v, kv)
         k, v = jnp.repeat(k, H // nkv, axis=1), jnp.repeat(v, H // nkv, axis=1)
         s = jnp.einsum("thd,shd->hts", q, k, precision="highest") / np.sqrt(hd)
         a = jax.nn.softmax(jnp.where(causal[None], s, -jnp.inf), -1)
@@ -71,7 +85,7 @@ def tiny(dtype: str = "f32") -> LlamaHParams:
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
     enable_persistent_cache(str(tmp_path_factory.mktemp("jaxcache")))
     out = {}
-    for dt in ("f32", "f16", "q8_0", "q4_0"):
+    for dt in ("f32", "f16", "bf16", "q8_0", "q4_0"):
         path = tmp_path_factory.mktemp("gguf") / f"tiny_{dt}.gguf"
         out[dt] = (str(path), write_gguf(path, tiny(dt), seed=11))
     return out
@@ -149,7 +163,7 @@ def test_f16_kv_cache(files) -> None:  # type: ignore[no-untyped-def]
     check(eng, w, tiny(), [PROMPT, [4]], tol=1e-4, kv_f16=True)
 
 
-@pytest.mark.parametrize("dt", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("dt", ["f16", "bf16", "q8_0", "q4_0"])
 def test_gguf_weight_types(files, dt: str) -> None:  # type: ignore[no-untyped-def]
     path, w = files[dt]
     eng = make_engine(path, devices=("sim",), ngl=2)
@@ -164,3 +178,15 @@ def test_generate_is_greedy_over_reference(files) -> None:  # type: ignore[no-un
     for _ in range(4):
         seq.append(int(np.argmax(llama_reference(w, tiny(), seq)[-1])))
     assert out == seq[len(PROMPT):]
+
+
+def test_q8_0_kv_cache_with_flash_attention(tmp_path: Path) -> None:
+    # head size 64: whole Q8_0 blocks per head, as llama.cpp requires of a quantized cache
+    hp = LlamaHParams(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_vocab=256, name="hd64")
+    path = str(tmp_path / "hd64.gguf")
+    w = write_gguf(path, hp, seed=4)
+    eng = make_engine(path, devices=("sim",), fa=True, kv="q8_0")
+    got = np.concatenate([eng.decode(PROMPT), eng.decode([4])])
+    want = llama_reference(w, hp, [*PROMPT, 4], kv="q8_0")
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 1e-4, err

@@ -131,3 +131,37 @@ def test_cli_json_logits_match_decode(gguf_path: str, capsys: pytest.CaptureFixt
     text = capsys.readouterr().out
     assert rc == 0 and "split #0: CPU" in text and "last token logits" in text
     assert cli.main(["--gguf", gguf_path, "--tokens", "1", "--devices", "tpu9"]) == 2
+
+
+def test_graph_reuse_until_the_scheduler_is_reserved_again(gguf_path: str) -> None:
+    ctx = ctx_for(gguf_path)
+    eng = engine(ctx)
+    decode(ctx, [1])
+    decode(ctx, [2])
+    assert [log.graph_reused for log in eng.log] == [False, True]  # same ubatch shape: llama.cpp reuses
+    ctx.update(max_nodes=ctx.sched_params_cur.max_nodes)          # a reserve (reused scheduler)
+    decode(ctx, [3])
+    decode(ctx, [4, 5])
+    assert [log.graph_reused for log in list(eng.log)[2:]] == [False, False]
+
+
+def test_context_without_gguf_runs_on_seeded_random_weights() -> None:
+    cp = ContextParams(n_ctx=256, n_batch=256, n_ubatch=32, flash_attn="on", devices=("sim",))
+    ctx = Context(HP, cp, parallel=False)
+    with pytest.warns(UserWarning, match="random weights"):
+        a = decode(ctx, [1, 2, 3])
+    with pytest.warns(UserWarning, match="random weights"):
+        b = decode(Context(HP, cp, parallel=False), [1, 2, 3])  # the same seed: the same logits
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (3, HP.n_vocab) and engine(ctx).notes
+
+
+def test_context_from_gguf_path_runs_its_weights_and_compile_lands_on_the_event(gguf_path: str) -> None:
+    explicit = ctx_for(gguf_path)  # hparams only, weights loaded by hand
+    ctx = Context(gguf_path, explicit.cparams, parallel=False)
+    assert ctx.gguf_path == gguf_path
+    toks = [1, 2, 3]
+    np.testing.assert_array_equal(np.asarray(ctx.decode(toks)), np.asarray(explicit.decode(toks)))
+    info = ctx.compile()
+    assert ctx.events[-1].compile["compiled"] + ctx.events[-1].compile["cache_hits"] == ctx.scheduler.n_splits
+    assert info["splits"] and len(info["splits"]) == ctx.scheduler.n_splits

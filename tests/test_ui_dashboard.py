@@ -151,6 +151,7 @@ def test_errors_show_inside_and_keep_state() -> None:
     drawn = dash.figures["buffers"].to_dict()
     dash.controls["max_nodes"].value = "12"             # smaller than the graph
     assert dash.error is not None and "max_nodes 12 < graph nodes 700" in dash.error
+    assert dash.controls["max_nodes"].value == "auto"   # the control shows what the context runs with
     assert "toolkit-badge-error" in dash.badge.value and "max_nodes 12" in dash.errors.value
     assert len(ctx.events) == n and dash.figures["buffers"].to_dict() == drawn
     dash.controls["max_nodes"].value = "nonsense"

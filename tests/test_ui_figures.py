@@ -27,7 +27,7 @@ def sample_plan(n_layer: int = 4, lower_bound: int | None = 3 * MIB) -> Plan:
     names: list[tuple[str, str, int, Cause]] = [("inp_embd", "GET_ROWS", 2, Cause.INPUT)]
     for il in range(n_layer):
         bid = 0 if il < n_layer // 2 else 1
-        for j, (base, op) in enumerate(LAYER_OPS):
+        for base, op in LAYER_OPS:
             names.append((f"{base}-{il}", op, bid, Cause.WEIGHT if op == "MUL_MAT" else Cause.EXPAND_DOWN))
     names += [("result_norm", "RMS_NORM", 1, Cause.EXPAND_DOWN), ("result_output", "MUL_MAT", 1, Cause.WEIGHT)]
     nodes, splits, allocs = [], [], []
@@ -194,6 +194,7 @@ def test_memory_layout_rectangles_peak_and_lower_bound() -> None:
     notes = [a.text for a in fig.layout.annotations]
     assert "lower bound 3.00 MiB" in notes and "peak 0.25 MiB" in notes
     assert sum("lower bound" in n for n in notes) == 1        # only CUDA0 has one
+    assert "peak = allocated 0.06 MiB" in notes                # CPU: one 65,536 B tensor in a 65,536 B buffer
     assert "CUDA0: 14 tensors, peak 0.25 MiB" in text.memory_layout_text(plan)
     only = figures.memory_layout(plan, buft="CPU")
     assert [t.name for t in only.data if isinstance(t, go.Bar)] == ["CPU"]

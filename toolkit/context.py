@@ -174,6 +174,8 @@ class Context:
     def __init__(self, model: Any, cparams: Any = None, devices: Sequence[Any] | None = None,
                  planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None) -> None:
         self.hparams = _hparams(model)
+        # the runtime loads weights from here (toolkit.jaxrt); planning needs only the metadata
+        self.gguf_path: str | None = model if isinstance(model, str) and model.endswith(".gguf") else None
         self.cparams: ContextParams = cparams if cparams is not None else ContextParams()
         self.planner = planner
         self._backends_arg = list(devices) if devices is not None else None
@@ -465,6 +467,16 @@ class Context:
         if fn is None:
             raise RuntimeError("toolkit.jaxrt provides no decode(ctx, tokens)")
         return fn(self, tokens, **kwargs)
+
+    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
+        """Compile every split for its device (``toolkit.jaxrt.compile_splits``); the report is also
+        attached to the newest ReserveEvent's ``compile`` field."""
+        import dataclasses
+        import importlib
+        info: dict[str, Any] = importlib.import_module("toolkit.jaxrt").compile_splits(self, n_tokens)
+        if self.events:
+            self.events[-1] = dataclasses.replace(self.events[-1], compile=dict(info))
+        return info
 
     def generate(self, prompt_ids: Any, n: int) -> Any:
         """Greedy generation on JAX (``toolkit.jaxrt.generate``)."""

@@ -49,7 +49,8 @@ def buffer_bars(page: Any, event: int) -> dict[str, list[float]]:
     return page.evaluate(
         """(ev) => { const el = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .toolkit-fig-buffers');
                    // the FigureWidget's own element is plotly's graph div
-                   const gd = el && (el.classList.contains('js-plotly-plot') ? el : el.querySelector('.js-plotly-plot'));
+                   const gd = el && (el.classList.contains('js-plotly-plot')
+                                     ? el : el.querySelector('.js-plotly-plot'));
                    const out = {};
                    if (!gd || !gd.data || !gd.layout.meta || gd.layout.meta.event !== ev) return out;
                    for (const t of gd.data) if (t.type === 'bar') out[t.name] = Array.from(t.customdata || []);
@@ -115,6 +116,9 @@ def drive_dashboard(run: NotebookRun, artifacts_dir: Path, label: str) -> list[s
     assert after["KV cache"] != before["KV cache"], (before, after)
     seen.append(st["decision"])
 
+    # a tall viewport so the whole dashboard (all figures) fits in the notebook panel for the picture
+    page.set_viewport_size({"width": 1400, "height": 3400})
+    page.wait_for_timeout(500)
     page.locator(".jp-NotebookPanel:visible .toolkit-dashboard").first.scroll_into_view_if_needed()
     shot = artifacts_dir / f"{label}.png"
     page.locator(".jp-NotebookPanel:visible .toolkit-dashboard").first.screenshot(path=str(shot))

@@ -70,6 +70,20 @@ def _model_devices(spec: str, budget: str | None) -> tuple[str, ...]:
     return ("cuda",) * gpus + ("tpu",) * tpus
 
 
+def _ggml_vs_xla(ctx: Any, eng: Any) -> list[dict[str, Any]]:
+    """Per backend: the ggml plan's compute buffer beside XLA's temp + output bytes of its splits."""
+    out = []
+    for i, b in enumerate(ctx.scheduler.backends):
+        mine = [ps.compiled for ps in eng.rt.last_splits if ps.spec.backend_id == i]
+        temp = [c.temp_bytes for c in mine]
+        outs = [c.output_bytes for c in mine]
+        out.append({"backend": b.name, "buft": ctx.scheduler.bufts[i].name,
+                    "ggml_compute_buffer": ctx.scheduler.buffer_size(i), "n_splits": len(mine),
+                    "xla_temp_bytes": None if None in temp else sum(temp),  # type: ignore[arg-type]
+                    "xla_output_bytes": None if None in outs else sum(outs)})  # type: ignore[arg-type]
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from toolkit.context import Context
     from toolkit.jaxrt.gguf_io import read_gguf
@@ -94,6 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ubatches": [{"n_tokens": lg.n_tokens, "n_copies": lg.n_copies, "weight_copies": lg.weight_copies,
                       "splits": lg.splits} for lg in eng.log],
         "splits_text": eng.rt.splits_text(),
+        "ggml_vs_xla": _ggml_vs_xla(ctx, eng),
         "argmax": int(top[0]), "top5": [[int(i), float(last[i])] for i in top],
         "logits": [float(x) for x in last],
     }
@@ -117,6 +132,13 @@ def main(argv: list[str]) -> int:
         print("  " + t.replace("\n", "\n  "))
     print("splits (last ubatch):")
     print("  " + out["splits_text"].replace("\n", "\n  "))
+    print("ggml plan vs XLA, per backend (bytes):")
+    for r in out["ggml_vs_xla"]:
+        na = "unavailable"
+        print(f"  {r['backend']:<8s} ggml compute buffer ({r['buft']}) {r['ggml_compute_buffer']:>10d}   "
+              f"XLA temp {r['xla_temp_bytes'] if r['xla_temp_bytes'] is not None else na} "
+              f"output {r['xla_output_bytes'] if r['xla_output_bytes'] is not None else na} "
+              f"over {r['n_splits']} split(s)")
     print(f"last token logits: argmax {out['argmax']}, top5 " +
           ", ".join(f"{i}:{v:.4f}" for i, v in out["top5"]))
     print("  first 8: " + " ".join(f"{x:.5f}" for x in out["logits"][:8]))

@@ -28,6 +28,16 @@ from toolkit.jaxrt.kernels import INPLACE_OPS, Env
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "toolkit", "jax")
 _persistent_dir: str | None = None
+_persistent_hits = 0
+
+
+def _on_event(event: str, **_: Any) -> None:
+    global _persistent_hits
+    if event == "/jax/compilation_cache/cache_hits":
+        _persistent_hits += 1
+
+
+jax.monitoring.register_event_listener(_on_event)
 
 
 def enable_persistent_cache(path: str | None = None) -> str | None:
@@ -162,6 +172,7 @@ class CompiledSplit:
     device: str
     executable: Any
     compile_ms: float
+    from_disk: bool = False       # XLA loaded it from the persistent cache instead of compiling
     temp_bytes: int | None = None
     argument_bytes: int | None = None
     output_bytes: int | None = None
@@ -215,10 +226,12 @@ class CompileCache:
             return entry, True
         self.misses += 1
         t0 = time.perf_counter()
+        hits0 = _persistent_hits
         jitted = jax.jit(prog.function(), donate_argnums=prog.donate)
         compiled = jitted.lower(*prog.arg_specs(device)).compile()
         ms = (time.perf_counter() - t0) * 1e3
-        entry = CompiledSplit(prog.signature, key[1], compiled, ms, **CompiledSplit.analyse(compiled))
+        entry = CompiledSplit(prog.signature, key[1], compiled, ms, _persistent_hits > hits0,
+                              **CompiledSplit.analyse(compiled))
         entry.uses = 1
         self.entries[key] = entry
         while len(self.entries) > self.max_entries:

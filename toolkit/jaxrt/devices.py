@@ -13,6 +13,7 @@ process's devices: they are just more backends (keyed by platform, id and proces
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import jax
@@ -39,7 +40,7 @@ def request_cpu_devices(n: int) -> bool:
         return False
     current = int(os.environ.get("JAX_NUM_CPU_DEVICES", "0") or 0)
     try:
-        current = max(current, int(jax.config.jax_num_cpu_devices))
+        current = max(current, int(jax.config.jax_num_cpu_devices))  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001
         pass
     if current < n:
@@ -58,6 +59,17 @@ def configure_cpu_devices(n: int) -> int:
             f"set JAX_NUM_CPU_DEVICES={n} (or call request_cpu_devices({n})) before JAX is first used"
         )
     return have
+
+
+def extra_cpu_device(i: int) -> Any:
+    """CPU device 1 + i for a simulated accelerator; when JAX started with too few CPU devices,
+    share one (with a warning): splits and copies stay the same, only the memory is shared."""
+    cpus = jax.local_devices(backend="cpu")
+    if 1 + i < len(cpus):
+        return cpus[1 + i]
+    warnings.warn(f"JAX has {len(cpus)} CPU device(s): simulated accelerator {i} shares one; set "
+                  f"JAX_NUM_CPU_DEVICES={i + 2} before JAX starts for separate devices", stacklevel=3)
+    return cpus[1 + i % (len(cpus) - 1)] if len(cpus) > 1 else cpus[0]
 
 
 def parse_devices(spec: str) -> tuple[str, int]:
@@ -84,7 +96,7 @@ def make_backends(spec: str = "auto", *, budget: int | None = None, min_batch: i
     kind, n_sim = parse_devices(spec)
     out: list[Backend] = []
     if kind == "sim":
-        configure_cpu_devices(n_sim + 1)
+        request_cpu_devices(n_sim + 1)
     cpu_devs = jax.local_devices(backend="cpu")
     if kind == "auto":
         gpus = [d for d in jax.devices() if d.platform in GPU_PLATFORMS]
@@ -92,7 +104,8 @@ def make_backends(spec: str = "auto", *, budget: int | None = None, min_batch: i
         out += [profiles.cuda_like(i, executor=d, min_batch=min_batch) for i, d in enumerate(gpus)]
         out += [profiles.tpu(i, executor=d, min_batch=min_batch) for i, d in enumerate(tpus)]
     elif kind == "sim":
-        out += [profiles.simulated(i, budget, executor=cpu_devs[i + 1], min_batch=min_batch) for i in range(n_sim)]
+        out += [profiles.simulated(i, budget, executor=extra_cpu_device(i), min_batch=min_batch)
+                for i in range(n_sim)]
     host = out[0].host_buft if out and out[0].host_buft is not None else None
     # llama.cpp puts the CPU compute buffer in the first GPU's pinned host buft when there is one
     out.append(profiles.cpu(host, executor=cpu_devs[0]))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from toolkit.ggml.tensor import Tensor
@@ -45,7 +46,8 @@ class PreparedSplit:
         return {
             "backend_id": self.spec.backend_id, "device": str(self.device), "n_nodes": len(self.spec.nodes),
             "n_inputs": len(self.spec.copies), "signature": self.program.signature[:12],
-            "status": "cache hit" if self.cache_hit else "compiled", "compile_ms": round(c.compile_ms, 3),
+            "status": "cache hit" if self.cache_hit else ("compiled (disk cache)" if c.from_disk else "compiled"),
+            "compile_ms": round(c.compile_ms, 3),
             "temp_bytes": c.temp_bytes, "argument_bytes": c.argument_bytes, "output_bytes": c.output_bytes,
             "flops": c.flops,
         }
@@ -106,9 +108,13 @@ class GraphRunner:
             later |= set(p.inputs) | {base_of(src) for src, _ in s.copies}
         keeps.reverse()
         out: list[PreparedSplit] = []
+        here = jax.process_index()
         for s, k in zip(splits, keeps):
             prog = SplitProgram.build(s.nodes, keep=k, donate=donate)
             dev = self.devices[s.backend_id]
+            if getattr(dev, "process_index", here) != here:
+                raise ValueError(f"split on {dev} belongs to JAX process {dev.process_index}; process {here} "
+                                 f"runs only its own devices (run one scheduler per process)")
             compiled, hit = self.cache.get(prog, dev)
             out.append(PreparedSplit(s, prog, compiled, hit, dev))
         return out
@@ -122,7 +128,12 @@ class GraphRunner:
             dev = ps.device
             for src, copy in ps.spec.copies:
                 flat = values[base_of(src)]
-                values[copy] = jax.device_put(region(flat, src), dev)
+                part = region(flat, src)
+                if part is flat and device_of(flat) == dev:
+                    # two backends on one device (simulated ones sharing it): the copy must not
+                    # alias a buffer that a later split donates (the KV cache)
+                    part = jnp.copy(flat)
+                values[copy] = jax.device_put(part, dev)
                 nbytes = src.nbytes
                 st.n_copies += 1
                 st.copy_bytes += nbytes
@@ -164,7 +175,8 @@ def scheduler_splits(sched: Any) -> list[SplitSpec]:
     """The allocated graph's splits with their (source, copy for cur_copy) pairs (§3.5)."""
     copies = sched._copies  # noqa: SLF001 - the scheduler's tensor_copies table
     cur = sched.cur_copy
-    return [SplitSpec(sp.backend_id, list(sp.nodes), [(inp, copies[(id(inp), sp.backend_id)][cur]) for inp in sp.inputs])
+    return [SplitSpec(sp.backend_id, list(sp.nodes),
+                      [(inp, copies[(id(inp), sp.backend_id)][cur]) for inp in sp.inputs])
             for sp in sched.splits]
 
 
@@ -276,7 +288,7 @@ class Runtime:
             be = self.backends[ps.spec.backend_id].name
             na = "unavailable"
             lines.append(
-                f"split #{i}: {be:<8s} nodes={d['n_nodes']:<4d} inputs={d['n_inputs']:<3d} {d['status']:<9s} "
+                f"split #{i}: {be:<8s} nodes={d['n_nodes']:<4d} inputs={d['n_inputs']:<3d} {d['status']:<21s} "
                 f"{d['compile_ms']:8.1f} ms  temp={d['temp_bytes'] if d['temp_bytes'] is not None else na} "
                 f"args={d['argument_bytes'] if d['argument_bytes'] is not None else na} "
                 f"out={d['output_bytes'] if d['output_bytes'] is not None else na} "

@@ -3,7 +3,8 @@
 Reading uses ``gguf.GGUFReader`` (memory-mapped); a weight's data stays in its file layout
 (f32/f16 values, bf16 bits, Q8_0/Q4_0 blocks as bytes), which is ggml's memory image, so
 it goes to its device unchanged and quantized weights are dequantized inside the kernels.
-This module imports no JAX: the planning side may read a file's hyperparameters with it.
+The functions here use numpy and the ``gguf`` package only (``gguf.quants`` is the independent
+reference for the block formats the JAX kernels decode).
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
 
     n_embd, n_head = int(req("embedding_length")), int(req("attention.head_count"))
     tensors: dict[str, GGUFTensor] = {}
-    for t in reader.tensors:
-        ne = tuple(int(x) for x in t.shape)
-        tensors[t.name] = GGUFTensor(t.name, _ggml_type(t.tensor_type), ne, np.asarray(t.data))
+    for rt in reader.tensors:
+        ne = tuple(int(x) for x in rt.shape)
+        tensors[rt.name] = GGUFTensor(rt.name, _ggml_type(rt.tensor_type), ne, np.asarray(rt.data))
     emb = tensors.get("token_embd.weight")
     n_vocab = _field(reader, "llama.vocab_size") or (emb.ne[1] if emb else None)
     if n_vocab is None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from toolkit.ggml.tensor import GluOp, Op, Tensor, UnaryOp, is_view_op
 from toolkit.ggml.types import GGMLType
@@ -86,7 +86,7 @@ def _mask_for(mask: jnp.ndarray, ne3: int, ne2: int, ne1: int) -> jnp.ndarray:
 def _add_mask(x: jnp.ndarray, mask: jnp.ndarray, max_bias: float) -> jnp.ndarray:
     m = _mask_for(mask.astype(jnp.float32), *x.shape[:3])
     if max_bias > 0.0:
-        m = alibi_slopes(x.shape[1], max_bias)[None, :, None, None] * m
+        m = jnp.asarray(alibi_slopes(x.shape[1], max_bias))[None, :, None, None] * m
     return x + m
 
 
@@ -286,9 +286,9 @@ def compute(node: Tensor, env: Env) -> jnp.ndarray:
     if op is Op.SCALE:
         return f32(s[0]) * p["s"] + p.get("b", 0.0)  # type: ignore[arg-type]
     if op is Op.GET_ROWS:
-        a = s[0]
-        assert a is not None
-        return get_rows(env.read(a), a.type, env.read(s[1]))  # type: ignore[arg-type]
+        src = s[0]
+        assert src is not None
+        return get_rows(env.read(src), src.type, env.read(s[1]))  # type: ignore[arg-type]
     if op is Op.ROPE:
         ff = f32(s[2]) if s[2] is not None else None
         return rope(f32(s[0]), env.read(s[1]).reshape(-1), ff, p)  # type: ignore[arg-type]
@@ -313,10 +313,10 @@ def compute(node: Tensor, env: Env) -> jnp.ndarray:
     if op is Op.UNARY:
         return UNARY[p["unary"]](f32(s[0]))  # type: ignore[index,arg-type]
     if op in (Op.CONT, Op.DUP):
-        a = s[0]
-        assert a is not None
-        x = env.read(a)
-        return (x if a.type is GGMLType.I32 else as_f32(x, a.type)).reshape(shape)
+        src = s[0]
+        assert src is not None
+        x = env.read(src)
+        return (x if src.type is GGMLType.I32 else as_f32(x, src.type)).reshape(shape)
     return _compute_misc(node, env, shape)
 
 

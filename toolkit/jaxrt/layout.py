@@ -10,19 +10,21 @@ The logical value of a tensor is a 4-D array in numpy order ``(ne3, ne2, ne1, ne
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
+
 import jax.numpy as jnp
+import numpy as np
 
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import GGMLType
 
-_DTYPES: dict[GGMLType, object] = {
+_DTYPES: dict[GGMLType, Any] = {
     GGMLType.F32: jnp.float32, GGMLType.F16: jnp.float16, GGMLType.BF16: jnp.bfloat16,
     GGMLType.I32: jnp.int32, GGMLType.I64: jnp.int32, GGMLType.I16: jnp.int16, GGMLType.I8: jnp.int8,
 }
 
 
-def storage_dtype(type_: GGMLType) -> object:
+def storage_dtype(type_: GGMLType) -> Any:
     """The JAX dtype of one storage unit of a type."""
     if type_.is_quantized:
         return jnp.uint8
@@ -53,7 +55,9 @@ def host_storage(t: Tensor, data: np.ndarray) -> np.ndarray:
         return data.view(np.uint8).reshape(-1)
     if t.type is GGMLType.I64:
         return data.astype(np.int64).reshape(-1).view(np.int32)
-    if data.dtype == np.uint8 and dtype.itemsize != 1 or data.dtype.itemsize == dtype.itemsize and data.dtype.kind == "u":
+    raw_bytes = data.dtype == np.uint8 and dtype.itemsize != 1
+    raw_bits = data.dtype.kind == "u" and data.dtype.itemsize == dtype.itemsize  # e.g. bf16 as uint16
+    if raw_bytes or raw_bits:
         return data.reshape(-1).view(np.uint8).view(dtype)
     return data.astype(dtype).reshape(-1)
 
@@ -107,7 +111,7 @@ def strided_read(flat: jnp.ndarray, offset: int, shape: tuple[int, ...], strides
         x = x.reshape(*x.shape[:-1], prev // s, s)[..., :n, :]
     x = x[..., 0]
     order = [d[0] for d in dims]
-    x = jnp.transpose(x, np.argsort(order))
+    x = jnp.transpose(x, tuple(int(i) for i in np.argsort(order)))
     return x.reshape(shape)
 
 
@@ -156,7 +160,11 @@ def write(flat: jnp.ndarray, t: Tensor, values: jnp.ndarray) -> jnp.ndarray:
 def write_rows(flat: jnp.ndarray, dst: Tensor, rows: jnp.ndarray, ids: jnp.ndarray) -> jnp.ndarray:
     """SET_ROWS: row (i1, i2, i3) of ``rows`` goes to row ids[i1, i2 % ne_ids1, i3 % ne_ids2] of dst."""
     if dst.type.is_quantized:
-        raise NotImplementedError(f"SET_ROWS into quantized {dst.name!r} ({dst.type.name}) is not supported")
+        # a quantized KV cache (-ctk q8_0): rows are quantized as ggml's from_float does, then
+        # written as rows of bytes
+        from toolkit.jaxrt.quant import quantize
+
+        rows = quantize(rows, dst.type)
     offs, _, (s3, s2, s1, s0) = _units(dst)
     r3, r2, r1, r0 = rows.shape
     i3, i2 = np.arange(r3) % ids.shape[0], np.arange(r2) % ids.shape[1]

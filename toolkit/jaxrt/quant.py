@@ -56,3 +56,49 @@ def dequantize(raw: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
         known = ", ".join(t.name for t in DEQUANT)
         raise NotImplementedError(f"the JAX runtime dequantizes {known}, not {type_.name}") from None
     return fn(raw)
+
+
+def _roundf(x: jnp.ndarray) -> jnp.ndarray:
+    """C's roundf: halves away from zero (jnp.round rounds halves to even)."""
+    return jnp.sign(x) * jnp.floor(jnp.abs(x) + 0.5)
+
+
+def _f16_bytes(d: jnp.ndarray) -> jnp.ndarray:
+    return lax.bitcast_convert_type(d.astype(jnp.float16), jnp.uint8)  # (..., 2)
+
+
+def quant_q8_0(x: jnp.ndarray) -> jnp.ndarray:
+    """f32 rows (..., n) -> Q8_0 bytes (..., n/32*34), as ggml's quantize_row_q8_0_ref."""
+    lead = x.shape[:-1]
+    b = x.reshape(*lead, -1, QK).astype(jnp.float32)
+    d = jnp.max(jnp.abs(b), axis=-1) / 127.0
+    inv = jnp.where(d != 0.0, 1.0 / jnp.where(d != 0.0, d, 1.0), 0.0)
+    q = _roundf(b * inv[..., None]).astype(jnp.int8)
+    blocks = jnp.concatenate([_f16_bytes(d), lax.bitcast_convert_type(q, jnp.uint8)], axis=-1)
+    return blocks.reshape(*lead, -1)
+
+
+def quant_q4_0(x: jnp.ndarray) -> jnp.ndarray:
+    """f32 rows (..., n) -> Q4_0 bytes (..., n/32*18), as ggml's quantize_row_q4_0_ref: d = (the value
+    of largest magnitude) / -8, q = min(15, (int8)(x/d + 8.5)), low nibbles first."""
+    lead = x.shape[:-1]
+    b = x.reshape(*lead, -1, QK).astype(jnp.float32)
+    mx = jnp.take_along_axis(b, jnp.argmax(jnp.abs(b), axis=-1)[..., None], axis=-1)[..., 0]
+    d = mx / -8.0
+    inv = jnp.where(d != 0.0, 1.0 / jnp.where(d != 0.0, d, 1.0), 0.0)
+    q = jnp.minimum(15, jnp.trunc(b * inv[..., None] + 8.5).astype(jnp.int32)).astype(jnp.uint8)
+    qs = q[..., :16] | (q[..., 16:] << 4)
+    blocks = jnp.concatenate([_f16_bytes(d), qs], axis=-1)
+    return blocks.reshape(*lead, -1)
+
+
+QUANT = {GGMLType.Q8_0: quant_q8_0, GGMLType.Q4_0: quant_q4_0}
+
+
+def quantize(x: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
+    try:
+        fn = QUANT[type_]
+    except KeyError:
+        known = ", ".join(t.name for t in QUANT)
+        raise NotImplementedError(f"the JAX runtime quantizes {known}, not {type_.name}") from None
+    return fn(x)

@@ -14,6 +14,8 @@ The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` tak
 
 from __future__ import annotations
 
+import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +26,11 @@ import numpy as np
 from toolkit.backend import Backend
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
-from toolkit.jaxrt.devices import GPU_PLATFORMS, configure_cpu_devices
+from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
 
 BuildFn = Callable[[int, int, int], Any]  # (n_tokens, n_seqs, n_outputs) -> LlamaGraph
+LOG_SIZE = 256  # ubatches kept in Engine.log (a long generation must not grow memory)
 
 
 def bind_executors(backends: Sequence[Backend]) -> list[Any]:
@@ -37,7 +40,7 @@ def bind_executors(backends: Sequence[Backend]) -> list[Any]:
     need_cpu = 1 + sum(1 for b in backends if b.executor is None and b.kind == "gpu"
                        and not b.name.startswith(("CUDA", "TPU")))
     if need_cpu > 1:
-        configure_cpu_devices(need_cpu)
+        request_cpu_devices(need_cpu)
     cpus = jax.local_devices(backend="cpu")
     gpus = [d for d in jax.devices() if d.platform in GPU_PLATFORMS]
     tpus = [d for d in jax.devices() if d.platform == "tpu"]
@@ -57,7 +60,7 @@ def bind_executors(backends: Sequence[Backend]) -> list[Any]:
                 raise ValueError(f"backend {b.name} needs a JAX TPU core but JAX has {len(tpus)}")
             b.executor, n_tpu = tpus[n_tpu], n_tpu + 1
         else:
-            b.executor, next_cpu = cpus[next_cpu], next_cpu + 1
+            b.executor, next_cpu = extra_cpu_device(next_cpu - 1), next_cpu + 1
     return [b.executor for b in backends]
 
 
@@ -113,11 +116,11 @@ class DecodeLog:
 
     @property
     def compiled(self) -> int:
-        return sum(1 for s in self.splits if s["status"] == "compiled")
+        return sum(1 for s in self.splits if s["status"] != "cache hit")
 
     @property
     def compile_ms(self) -> float:
-        return sum(s["compile_ms"] for s in self.splits if s["status"] == "compiled")
+        return sum(s["compile_ms"] for s in self.splits if s["status"] != "cache hit")
 
 
 @dataclass
@@ -132,11 +135,13 @@ class Engine:
     kv_tensors: list[Tensor] = field(default_factory=list)
     cache: CompileCache | None = None
     n_past: int = 0
-    log: list[DecodeLog] = field(default_factory=list)
+    log: deque[DecodeLog] = field(default_factory=lambda: deque(maxlen=LOG_SIZE))
     graph_reuse: bool = True
-    epoch_fn: Callable[[], int] = lambda: 0  # changes whenever the scheduler was reserved again
+    # an object that changes (by identity) whenever the scheduler was reserved again
+    epoch_fn: Callable[[], object] = lambda: None
 
     _prev: tuple[Any, Any] | None = None
+    notes: list[str] = field(default_factory=list)
     def __post_init__(self) -> None:
         enable_persistent_cache()
         bind_executors(self.backends)
@@ -176,7 +181,7 @@ class Engine:
         return out
 
     # ---- decoding --------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], *, sync: bool = True) -> np.ndarray:
+    def decode(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits [n_tokens, n_vocab] of every token; the KV cache keeps the tokens."""
         toks = np.asarray(list(tokens), dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
@@ -187,8 +192,9 @@ class Engine:
         for start in range(0, len(toks), self.n_ubatch):
             ub = toks[start:start + self.n_ubatch]
             sched = self.sched_fn()
-            key = (len(ub), id(sched), self.epoch_fn())
-            reused = self.graph_reuse and self._prev is not None and self._prev[0] == key and sched.n_copies == 1
+            key = (len(ub), sched, self.epoch_fn())
+            reused = (self.graph_reuse and self._prev is not None and sched.n_copies == 1
+                      and self._prev[0][0] == key[0] and self._prev[0][1] is sched and self._prev[0][2] is key[2])
             if reused:
                 # llama.cpp's graph reuse: same ubatch shape, same scheduler, no reserve since
                 lg, pg = self._prev[1]  # type: ignore[index]
@@ -268,15 +274,23 @@ def engine(ctx: Any) -> Engine:
     weights = dict(st.model.tensors)
     if st.model.output is not None:
         weights["output.weight"] = st.model.output
+    notes: list[str] = []
     if any(t.data is None for t in weights.values()):
-        if _gguf_path(ctx) is None:
-            raise ValueError("the context's weights have no data: make the Context from a GGUF file, "
-                             "call toolkit.jaxrt.load_weights(ctx, path) or init_random_weights")
-        load_weights(ctx)
+        if _gguf_path(ctx) is not None:
+            load_weights(ctx)
+        else:
+            # a context planned from a preset has shapes but no weights: run it on seeded random ones
+            init_random_weights(st.model.tensors, seed=0, tied=st.hparams.tied)
+            if st.model.output is not None and st.model.output.data is None:
+                st.model.output.data = st.model.tensors["token_embd.weight"].data
+            notes.append("random weights (seed 0): no GGUF file was given; load one with load_weights(ctx, path)")
+            warnings.warn(notes[-1], stacklevel=2)
     kv = st.kv
     eng = Engine(list(ctx.backends), lambda: ctx.scheduler, lambda n, s, o: _build(ctx, n, s, o),
-                 kv.kv_size, st.resolved.n_ubatch, [*kv.k, *kv.v], epoch_fn=lambda: len(ctx.events))
+                 kv.kv_size, st.resolved.n_ubatch, [*kv.k, *kv.v],
+                 epoch_fn=lambda: ctx.events[-1] if ctx.events else None)
     eng.setup = st  # type: ignore[attr-defined]
+    eng.notes = notes
     ctx._jaxrt = eng
     return eng
 

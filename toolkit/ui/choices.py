@@ -65,6 +65,33 @@ def parse_devices(spec: str, budget_mib: float | None = None) -> DeviceSpec:
     return DeviceSpec(kind, count, budget_mib or None)
 
 
+def describe_devices(devices: tuple[str, ...]) -> tuple[str, float | None]:
+    """The picker's (spec, budget MiB) for a context's ``cparams.devices`` (inverse of cparams_devices)."""
+    if not devices:
+        return "cpu", None
+    if len(devices) == 1 and re.fullmatch(r"rpc:\d+", devices[0]):
+        return devices[0], None
+    kinds = {d.partition(":")[0] for d in devices}
+    args = {d.partition(":")[2] for d in devices}
+    if len(kinds) == 1 and len(args) == 1 and kinds <= {"sim", "cuda"}:
+        arg = args.pop()
+        if arg == "" or arg.isdigit():
+            return f"{kinds.pop()}:{len(devices)}", (int(arg) / (1024 * 1024) if arg else None)
+    return ",".join(devices), None
+
+
+def preset_of(hparams: Any) -> str | None:
+    """The preset name whose shape ``hparams`` has (n_layer, n_embd, n_ff, n_vocab), if any."""
+    from toolkit.models import presets
+
+    key = ("n_layer", "n_embd", "n_ff", "n_vocab")
+    for name in MODEL_PRESETS.values():
+        p = presets.get(name)
+        if all(getattr(p, k, None) == getattr(hparams, k, None) for k in key):
+            return name
+    return None
+
+
 def preset_label(model: str) -> str | None:
     """The picker label of a preset name or alias (``llama3_8b`` -> ``Llama-3-8B-shaped``)."""
     name = _ALIASES.get(model) or _ALIASES.get(model.lower())

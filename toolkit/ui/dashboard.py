@@ -25,9 +25,9 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from toolkit.ui import figures
-from toolkit.ui.choices import MODEL_PRESETS, make_context, parse_devices, preset_label
+from toolkit.ui.choices import MODEL_PRESETS, describe_devices, make_context, parse_devices, preset_label, preset_of
 from toolkit.ui.layers import Collapse
-from toolkit.ui.text import badge_html, badge_text, params_text
+from toolkit.ui.text import badge_html, badge_text
 
 # dashboard control -> keyword of ctx.update (the context's cparams names, §7)
 # (max_nodes / parallel are the context's overrides of graph_max_nodes and the §7.3 rule)
@@ -70,7 +70,8 @@ class Dashboard:
     0 (or outside a running event loop, as in tests) every change reserves at once.
     """
 
-    def __init__(self, ctx: Any, *, model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
+    def __init__(self, ctx: Any, *, model: str | None = None, devices: str | None = None,
+                 budget_mib: float | None = None,
                  debounce_s: float = 0.15, collapse: Collapse = "layer", fig_width: int = 960,
                  context_factory: Callable[..., Any] = make_context) -> None:
         self.ctx = ctx
@@ -78,13 +79,17 @@ class Dashboard:
         self.debounce_s = debounce_s
         self.error: str | None = None
         self.n_updates = 0                      # ctx.update / context rebuild calls (after coalescing)
-        self.last_update_ms = 0.0               # control change applied -> figures updated
+        self.timings_ms: dict[str, float] = {}  # the last change: wait (coalescing), update, draw, total
         self._factory = context_factory
         self._pending: dict[str, Any] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._syncing = False
         self._hold = False
         self._drawn: tuple[int, int] | None = None
+        if devices is None:         # show what the context runs on
+            devices, budget_mib = describe_devices(tuple(getattr(ctx.cparams, "devices", ()) or ()))
+        if model is None:
+            model = preset_of(ctx.hparams) or str(getattr(ctx.hparams, "name", "model"))
         self._model, self._devices, self._budget = model, devices, budget_mib
         self._build(collapse)
         self.refresh()
@@ -105,7 +110,8 @@ class Dashboard:
                                              description="budget MiB (0 = none)", style=style,
                                              layout=W.Layout(width="220px")),
             "max_nodes": W.Text(value="auto", description="max_nodes", continuous_update=False, style=style,
-                                placeholder="auto or a number", layout=W.Layout(width="200px")),
+                                placeholder="auto or a number", layout=W.Layout(width="200px"),
+                                tooltip="auto = llama.cpp's graph_max_nodes: max(1024, 8 × n_tensors) (§7.2)"),
             "parallel": W.Checkbox(value=bool(getattr(cp, "pipeline_parallel", False)),
                                    description="pipeline parallelism", indent=False),
             "op_offload": W.Checkbox(value=bool(getattr(cp, "op_offload", True)), description="op offload",
@@ -123,6 +129,7 @@ class Dashboard:
                                         min=0, max=n_layer + 1, description="n_gpu_layers", style=style),
         }
         self.controls = c
+        self._accepted = {k: w.value for k, w in c.items()}   # the values the context last accepted
         for key, w in c.items():
             w.add_class(f"toolkit-control-{key}")
             w.observe(partial(self._on_change, key), names=["value"])
@@ -189,6 +196,7 @@ class Dashboard:
         if not pending:
             return
         t0 = getattr(self, "_t_change", time.perf_counter())
+        t_update = time.perf_counter()
         try:
             if any(k in pending for k in CONTEXT_CONTROLS):
                 self._new_context(pending)
@@ -204,8 +212,24 @@ class Dashboard:
             self.error = None
         except Exception as e:  # shown in the dashboard; the context keeps its previous state
             self.error = f"{type(e).__name__}: {e}"
+            self._revert(pending)
+        t_draw = time.perf_counter()
         self.refresh()
-        self.last_update_ms = (time.perf_counter() - t0) * 1000
+        if self.error is None:
+            self._accepted = {k: w.value for k, w in self.controls.items()}
+        t_end = time.perf_counter()
+        # what the user waited for: the change (from its first observer call) until figures were sent
+        self.timings_ms = {"wait": (t_update - t0) * 1e3, "update": (t_draw - t_update) * 1e3,
+                           "draw": (t_end - t_draw) * 1e3, "total": (t_end - t0) * 1e3}
+
+    def _revert(self, keys: dict[str, Any]) -> None:
+        # the controls keep showing what the context runs with; the error names the refused value
+        self._syncing = True
+        try:
+            for k in keys:
+                self.controls[k].value = self._accepted[k]
+        finally:
+            self._syncing = False
 
     def apply(self, **changes: Any) -> None:
         """Set controls as a user would (names of ``controls``), then apply them as one change."""
@@ -255,9 +279,11 @@ class Dashboard:
         self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
                              f"{html.escape(self.error)}</pre>" if self.error else "")
         if ev is not None and self.error is None:
+            how = "auto: max(1024, 8·n_tensors)" if self.controls["max_nodes"].value == "auto" else "typed"
             self.sched_info.value = (f"<span class='toolkit-max-nodes' data-value='{ev.params.max_nodes}' "
-                                     f"data-held='{held}'>requested {params_text(ev.params)} · "
-                                     f"scheduler holds max_nodes {held}</span>")
+                                     f"data-held='{held}'>max_nodes {ev.params.max_nodes} ({how}) · scheduler "
+                                     f"holds {held} · n_copies {ev.n_copies} · {ev.n_nodes_pp} nodes, "
+                                     f"{ev.n_splits_pp} splits</span>")
             self._sync_flags(ev.params.parallel, ev.params.op_offload)
         self._draw()
 
@@ -286,26 +312,32 @@ class Dashboard:
 
     # ---------------------------------------------------------------- runtime
     def _runtime_action(self, what: str) -> None:
+        """compile: every split of the current scheduler for its device; run: decode the tokens."""
         try:
-            import toolkit.jaxrt  # noqa: F401  (imports jax; lazily, only on click)
+            import importlib
+
+            jaxrt = importlib.import_module("toolkit.jaxrt")   # imports jax: only on click
         except Exception as e:
             self.runtime.value = f"JAX runtime unavailable: {html.escape(f'{type(e).__name__}: {e}')}"
             return
         try:
             t0 = time.perf_counter()
             if what == "compile":
-                fn = getattr(self.ctx, "compile", None)
+                fn = getattr(jaxrt, "compile_splits", None)
                 if fn is None:
-                    self.runtime.value = "compile unavailable: this Context has no compile()"
+                    self.runtime.value = "compile unavailable: toolkit.jaxrt has no compile_splits()"
                     return
-                out = fn()
+                info = fn(self.ctx)
+                out = (f"{info.get('compiled', '?')} split(s) compiled, {info.get('cache_hits', '?')} cache hit(s), "
+                       f"XLA {info.get('compile_ms', 0.0):.1f} ms")
             else:
                 tokens = [int(t) for t in self.tokens.value.replace(",", " ").split()]
-                out = self.ctx.decode(tokens)
+                out = _summary(jaxrt.decode(self.ctx, tokens))
             ms = (time.perf_counter() - t0) * 1000
-            self.runtime.value = f"{what} took {ms:.1f} ms: {html.escape(_summary(out))}"
+            self.runtime.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
         except Exception as e:
-            self.runtime.value = f"<span style='color:#D55E00'>{what} failed: {html.escape(f'{type(e).__name__}: {e}')}</span>"
+            msg = html.escape(f"{type(e).__name__}: {e}")
+            self.runtime.value = f"<span style='color:#D55E00'>{what} failed: {msg}</span>"
         self.refresh()
 
     # ---------------------------------------------------------------- display

@@ -34,6 +34,16 @@ from toolkit.ui.style import (
 )
 
 
+def _neutral_axes(fig: go.Figure) -> go.Figure:
+    """Every axis (subplots included) with the neutral grid: the default template's white grid
+    lines would glare on JupyterLab's dark theme."""
+    axis = {"gridcolor": NEUTRAL_GRID, "zerolinecolor": NEUTRAL_GRID, "linecolor": NEUTRAL_GRID,
+            "tickfont": {"color": NEUTRAL_TEXT}, "title_font": {"color": NEUTRAL_TEXT}}
+    fig.update_xaxes(**axis)
+    fig.update_yaxes(**axis)
+    return fig
+
+
 def badge(ev: ReserveEvent | None, error: str | None = None) -> go.Figure:
     """The decision as a large word, the reasons and what it cost or saved."""
     decision = "error" if error is not None else (ev.decision if ev is not None else "none")
@@ -80,7 +90,7 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
                                  hoverinfo="skip", showlegend=False))
     fig.update_xaxes(title_text="reserve #", dtick=1 if len(events) <= 20 else None)
     fig.update_yaxes(title_text="reserve ms", rangemode="tozero")
-    return fig
+    return _neutral_axes(fig)
 
 
 def _buft_order(ev: ReserveEvent) -> list[str]:
@@ -156,11 +166,10 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
                                  line={"color": colour, "width": 2, "dash": "dot", "shape": "hv"},
                                  marker={"symbol": "circle-open"}, hovertext=hv, hoverinfo="text",
                                  legendgroup=buft), row=1, col=2)
-    fig.update_yaxes(title_text="MiB", gridcolor=NEUTRAL_GRID, rangemode="tozero")
-    fig.update_xaxes(gridcolor=NEUTRAL_GRID)
+    fig.update_yaxes(title_text="MiB", rangemode="tozero")
     fig.update_xaxes(title_text="reserve #", row=1, col=2)
     fig.update_layout(meta={"event": ev.index, "text": text.buffers_text(upto)})
-    return fig
+    return _neutral_axes(fig)
 
 
 def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
@@ -206,13 +215,18 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
             hovertext=[f"split {s.index} copies {len(s.inputs)} input(s), "
                        f"{size_label(sum(i.nbytes for i in s.inputs))}" for s in with_inputs],
             hoverinfo="text"))
-    ticks = group_starts(plan) if collapse == "layer" else []
-    step = max(1, len(ticks) // 16)
-    fig.update_xaxes(title_text="node order", range=[-0.5, plan.n_nodes + 0.5],
-                     tickvals=[t[1] for t in ticks[::step]] or None, ticktext=[t[0] for t in ticks[::step]] or None)
+    # at most ~16 layer labels, none closer than 1/40 of the graph to the previous one
+    ticks: list[tuple[str, int]] = []
+    for label, start in group_starts(plan) if collapse == "layer" else []:
+        if not ticks or start - ticks[-1][1] >= max(1, plan.n_nodes // 16, plan.n_nodes / 40):
+            ticks.append((label, start))
+        elif ticks[-1][0] == "input":           # a one-node input group yields its label to L0
+            ticks[-1] = (label, start)
+    fig.update_xaxes(title_text="node order", range=[-0.5, plan.n_nodes + 0.5], tickangle=0,
+                     tickvals=[t[1] for t in ticks] or None, ticktext=[t[0] for t in ticks] or None)
     fig.update_yaxes(categoryorder="array", categoryarray=["copies", "splits", row_nodes][::-1])
     fig.update_layout(meta={"text": text.split_map_text(plan, collapse)})
-    return fig
+    return _neutral_axes(fig)
 
 
 def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
@@ -240,26 +254,42 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
                 x=[s + w / 2 for s, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
                 y=[a.size / MIB for a in allocs], name=b.buft, marker_color=colour, opacity=0.75,
                 marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, showlegend=False,
-                hovertext=[f"<b>{a.name}</b><br>offset {nbytes_exact(x)} (chunk {a.chunk})<br>size {size_label(a.size)}"
-                           f"<br>live nodes {a.first}..{a.last}" + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
+                hovertext=[f"<b>{a.name}</b><br>offset {nbytes_exact(x)} (chunk {a.chunk})"
+                           f"<br>size {size_label(a.size)}<br>live nodes {a.first}..{a.last}"
+                           + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
                            for a, x in zip(allocs, addrs)], hoverinfo="text"), row=1, col=col)
         peak = max((text.address(a, bases) + a.size for a in allocs), default=0)
-        lines = [("peak", peak, "solid"), ("allocated", b.allocated, "dot")]
+        marks = [("peak", peak, "solid"), ("allocated", b.allocated, "dot")]
         if b.lower_bound is not None:
-            lines.append(("lower bound", b.lower_bound, "dash"))
+            marks.append(("lower bound", b.lower_bound, "dash"))
+        # equal values share one line and one label ("peak = allocated = lower bound 1.39 MiB")
+        lines: list[tuple[str, int, str]] = []
+        for label, val, dash in marks:
+            same = next((i for i, m in enumerate(lines) if m[1] == val), None)
+            if same is None:
+                lines.append((label, val, dash))
+            else:
+                lines[same] = (f"{lines[same][0]} = {label}", val, lines[same][2])
         ax = "" if col == 1 else str(col)
-        for label, val, dash in lines:
+        top = max((v for _, v, _ in lines), default=0)
+        labels: list[tuple[int, str]] = []       # nearby lines share one label, or the texts overlap
+        for label, val, dash in sorted(lines, key=lambda m: -m[1]):
             shapes.append({"type": "line", "xref": f"x{ax} domain", "yref": f"y{ax}", "x0": 0, "x1": 1,
                            "y0": val / MIB, "y1": val / MIB,
                            "line": {"dash": dash, "color": NEUTRAL_TEXT, "width": 1}})
-            notes.append({"xref": f"x{ax} domain", "yref": f"y{ax}", "x": 0, "y": val / MIB, "xanchor": "left",
-                          "yanchor": "bottom", "showarrow": False, "text": f"{label} {mib(val)}",
+            if labels and labels[-1][0] - val <= 0.06 * top:
+                labels[-1] = (labels[-1][0], f"{labels[-1][1]} · {label} {mib(val)}")
+            else:
+                labels.append((val, f"{label} {mib(val)}"))
+        for at, label in labels:
+            notes.append({"xref": f"x{ax} domain", "yref": f"y{ax}", "x": 0, "y": at / MIB, "xanchor": "left",
+                          "yanchor": "bottom", "showarrow": False, "text": label,
                           "font": {"size": 10, "color": NEUTRAL_TEXT}})
         fig.update_xaxes(title_text="node order", row=1, col=col)
     fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_yaxes(title_text="address (MiB)", row=1, col=1)
     fig.update_layout(meta={"text": text.memory_layout_text(plan)})
-    return fig
+    return _neutral_axes(fig)
 
 
 __all__ = ["badge", "buffer_sizes", "memory_layout", "split_map", "timeline"]

@@ -43,6 +43,9 @@ def reasons_text(ev: ReserveEvent) -> str:
         return "; ".join(_reason(r) for r in ev.reasons)
     if ev.previous is None and ev.decision != "error":
         return "first scheduler"
+    if ev.decision == "reused" and ev.previous is not None:
+        # nothing differed: say what the rule compared (§8: max_nodes <= held, same flags)
+        return f"max_nodes {ev.params.max_nodes} <= {ev.previous.max_nodes}, same flags"
     return ""
 
 

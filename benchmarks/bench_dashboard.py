@@ -1,0 +1,79 @@
+"""Time from a dashboard control change to updated figures, for a reuse and for a rebuild.
+
+    python3 benchmarks/bench_dashboard.py [--model llama3_8b] [--devices cpu] [--repeats 5]
+
+Planning only (no JAX): the dashboard runs headless with no coalescing delay, so one control
+change is one synchronous path: observer -> ctx.update (sched_reserve) -> four FigureWidgets
+rebuilt from the newest ReserveEvent. Columns:
+- total: control change until the figures hold the new event (what a user waits for, minus the
+  browser's own drawing);
+- update: ``ctx.update`` (checks, the graph size precheck, then sched_reserve);
+- reserve: of which the context's sched_reserve (sched_new + probes + the pp/tg/pp reserves);
+- draw: building the four figures from the events and sending them to the FigureWidgets.
+Reuse alternates max_nodes between two values below the held one (same flags: reused); rebuild
+toggles op offload (a different flag: rebuilt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from toolkit.ui.choices import make_context  # noqa: E402
+from toolkit.ui.dashboard import Dashboard  # noqa: E402
+
+
+def measure(dash: Dashboard, key: str, values: list[object], expect: str) -> list[tuple[float, ...]]:
+    out = []
+    for v in values:
+        n = len(dash.ctx.events)
+        t0 = time.perf_counter()
+        dash.controls[key].value = v
+        total = (time.perf_counter() - t0) * 1e3
+        ev = dash.ctx.events[-1]
+        assert len(dash.ctx.events) == n + 1 and dash.error is None, dash.error
+        assert ev.decision == expect, f"{key}={v}: {ev.decision}, expected {expect}"
+        out.append((total, dash.timings_ms["update"], ev.timings_ms["total"], dash.timings_ms["draw"]))
+    return out
+
+
+def row(label: str, xs: list[tuple[float, ...]]) -> str:
+    med = [statistics.median(c) for c in zip(*xs)]
+    best = min(x[0] for x in xs)
+    return f"{label:<8} {med[0]:10.1f} {best:10.1f} {med[1]:10.1f} {med[2]:10.1f} {med[3]:10.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama3_8b")
+    ap.add_argument("--devices", default="cpu", help="cpu, rpc:N, sim:N")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    ctx = make_context(args.model, args.devices)
+    dash = Dashboard(ctx, debounce_s=0)
+    setup_ms = (time.perf_counter() - t0) * 1e3
+    ev = ctx.events[-1]
+    held = ctx.scheduler.max_nodes
+    print(f"model {ctx.hparams.name} on {args.devices}: {ev.n_nodes_pp} nodes (pp), {ev.n_splits_pp} splits, "
+          f"max_nodes {held}; context + dashboard {setup_ms:.0f} ms")
+
+    reuse = measure(dash, "max_nodes", [str(held - 1 - (i % 2)) for i in range(args.repeats)], "reused")
+    dash.controls["max_nodes"].value = "auto"   # back to the held size (reused)
+    flags = [i % 2 == 1 for i in range(args.repeats)]   # op offload off, on, off, ...
+    rebuild = measure(dash, "op_offload", flags, "rebuilt")
+
+    print(f"{'':<8} {'total ms':>10} {'best ms':>10} {'update ms':>10} {'reserve ms':>10} {'draw ms':>10}"
+          f"   (median of {args.repeats})")
+    print(row("reuse", reuse))
+    print(row("rebuild", rebuild))
+
+
+if __name__ == "__main__":
+    main()
