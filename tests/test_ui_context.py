@@ -135,6 +135,9 @@ def test_compile_and_run_buttons_use_the_jax_runtime() -> None:
     with pytest.warns(UserWarning, match="random weights"):
         dash.compile_button.click()
     assert dash.runtime.value.startswith("compile took") and "split(s) compiled" in dash.runtime.value
+    assert dash.ctx.events[-1].compile                         # recorded on the newest event ...
+    hover = [h for t in dash.figures["timeline"].data if t.mode == "markers" for h in (t.hovertext or ())]
+    assert any("XLA compile:" in h for h in hover)            # ... and shown on the timeline
     dash.tokens.value = "1, 2, 3"
     dash.run_button.click()
     n_vocab = dash.ctx.hparams.n_vocab

@@ -256,3 +256,21 @@ def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]])
 def test_update_keys_cover_every_plain_control() -> None:
     _, dash = make_dashboard()
     assert set(UPDATE_KEYS) | {"model", "gguf", "devices", "budget_mib"} == set(dash.controls)
+
+
+def test_widget_state_follows_the_figures_without_resending() -> None:
+    ctx, dash = make_dashboard()
+    fw = dash.figures["buffers"]
+    sent: list[Any] = []
+    send_state = fw.send_state
+
+    def spy(key: Any = None) -> None:
+        sent.append(key)
+        send_state(key)
+
+    fw.send_state = spy  # type: ignore[method-assign]
+    dash.controls["n_ctx"].value = 1024
+    # a page reload asks the kernel for this state: it must be the figure the views show
+    assert len(fw._widget_data) == len(fw.data) > 0
+    assert fw._widget_layout["meta"]["event"] == ctx.events[-1].index
+    assert "_widget_data" not in sent and "_widget_layout" not in sent   # the views got plotly's edits

@@ -23,10 +23,12 @@ from toolkit.trace.layout import ggml_type, ne_of
 from toolkit.trace.nodes import LeafInfo, Step
 from toolkit.trace.placement import path_str, resolve
 from toolkit.trace.schedule import Schedule, device_of, splits_of
+from toolkit.trace.session import TracedContext
 from toolkit.trace.support import lacking, offload_batch, only, primitive_of, support_table
 
 __all__ = [
-    "LeafInfo", "RunReport", "Schedule", "SplitRun", "Step", "Traced", "TracedGraph", "UnsupportedPrimitive",
+    "LeafInfo", "RunReport", "Schedule", "SplitRun", "Step", "Traced", "TracedContext", "TracedGraph",
+    "UnsupportedPrimitive",
     "check_plan", "device_of", "ggml_type", "lacking", "ne_of", "offload_batch", "only", "path_str", "primitive_of",
     "resolve", "splits_of", "support_table", "trace",
 ]

@@ -72,6 +72,7 @@ class Traced:
 
         tu = jax.tree_util
         self.fn = f
+        self.example_args = tuple(args)  # what a TracedContext runs by default
         self.has_params = params is not None
         self.inline = inline
         self.opaque = tuple(opaque)

@@ -129,3 +129,32 @@ def make_context(model: str = "tiny", devices: str = "cpu", budget_mib: float | 
     if not getattr(ctx, "events", None):
         ctx.sched_reserve(trigger=f"model {model} on {devices}")
     return ctx
+
+
+def parse_placement(text: str) -> Any:
+    """The traced-graph placement picker: ``0`` / ``-1`` (every parameter on that backend index) or
+    ``fc1.*:0, fc2.*:1`` (pytree path or glob -> backend index, first match wins; unmatched on 0)."""
+    v = str(text).strip()
+    if re.fullmatch(r"-?\d+", v):
+        return int(v)
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in v.split(","))):
+        key, sep, idx = part.rpartition(":")
+        if not sep or not key.strip() or not re.fullmatch(r"\s*-?\d+\s*", idx):
+            raise ValueError(f"placement {text!r} not understood at {part!r}: expected an index such as 0 or -1, "
+                             "or path:index pairs such as 'fc1.*:0, fc2.*:1'")
+        out[key.strip()] = int(idx)
+    if not out:
+        raise ValueError(f"placement {text!r} is empty: expected an index or path:index pairs")
+    return out
+
+
+def describe_placement(spec: Any) -> str:
+    """The placement picker's text for a placement (inverse of :func:`parse_placement`)."""
+    if spec is None:
+        return "0"
+    if isinstance(spec, int):
+        return str(spec)
+    if isinstance(spec, dict) and all(isinstance(k, str) and isinstance(i, int) for k, i in spec.items()):
+        return ", ".join(f"{k}:{i}" for k, i in spec.items())
+    return "custom"

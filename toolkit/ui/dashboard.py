@@ -18,6 +18,7 @@ import asyncio
 import html
 import time
 from collections.abc import Callable
+from copy import deepcopy
 from functools import partial
 from typing import Any
 
@@ -25,7 +26,16 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from toolkit.ui import figures
-from toolkit.ui.choices import MODEL_PRESETS, describe_devices, make_context, parse_devices, preset_label, preset_of
+from toolkit.ui.choices import (
+    MODEL_PRESETS,
+    describe_devices,
+    describe_placement,
+    make_context,
+    parse_devices,
+    parse_placement,
+    preset_label,
+    preset_of,
+)
 from toolkit.ui.layers import Collapse
 from toolkit.ui.text import badge_html, badge_text
 
@@ -36,12 +46,20 @@ UPDATE_KEYS: dict[str, str] = {
     "n_ctx": "n_ctx", "n_batch": "n_batch", "n_ubatch": "n_ubatch", "flash_attn": "flash_attn",
     "n_gpu_layers": "n_gpu_layers",
 }
+# dashboard control -> keyword of TracedContext.update (toolkit.trace.session)
+TRACED_UPDATE_KEYS: dict[str, str] = {
+    "max_nodes": "max_nodes", "parallel": "parallel", "op_offload": "op_offload", "placement": "placement",
+}
 # controls that need a new Context (the model is fixed at construction)
 CONTEXT_CONTROLS = ("model", "gguf")
 # the device picker: one ``devices=`` change (ContextParams.devices) made of both controls
 DEVICE_CONTROLS = ("devices", "budget_mib")
 # controls that are ContextParams fields (passed to a new Context); the others are scheduler params
 CPARAM_CONTROLS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers", "op_offload")
+# controls of a llama context that mean nothing for a traced JAX function (its graph is fixed)
+LLAMA_ONLY_CONTROLS = ("model", "gguf", "n_ctx", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers")
+# a traced function's parameters: where they live (toolkit.trace.placement), not a llama setting
+TRACED_ONLY_CONTROLS = ("placement",)
 POW2 = tuple(2 ** k for k in range(0, 18))
 
 
@@ -63,8 +81,28 @@ def parse_max_nodes(value: str) -> int | None:
     return n
 
 
+def _is_traced(ctx: Any) -> bool:
+    """A :class:`toolkit.trace.session.TracedContext` (duck-typed: toolkit.trace stays unimported)."""
+    return getattr(ctx, "traced", None) is not None
+
+
+def _as_context(ctx: Any, devices: str | None = None, budget_mib: float | None = None) -> Any:
+    """A Traced function becomes a TracedContext on ``devices`` (its own backends when None)."""
+    if hasattr(ctx, "closed_jaxpr") and not _is_traced(ctx):
+        from toolkit.trace.session import TracedContext
+
+        spec: Any = None
+        if devices is not None:
+            spec = parse_devices(devices, budget_mib).cparams_devices()
+        return TracedContext(ctx, spec)
+    return ctx
+
+
 class Dashboard:
-    """Controls, decision badge and figures for one :class:`toolkit.context.Context`.
+    """Controls, decision badge and figures for one :class:`toolkit.context.Context`, or for a
+    traced JAX function (a :class:`toolkit.trace.session.TracedContext`, or a ``Traced`` that is
+    wrapped in one): then only max_nodes, pipeline parallelism, op offload, devices and the
+    parameter placement are shown, and "run" executes the function split by split against jax.jit.
 
     ``debounce_s`` is how long a burst of changes is collected before one reserve runs; with
     0 (or outside a running event loop, as in tests) every change reserves at once.
@@ -74,7 +112,9 @@ class Dashboard:
                  budget_mib: float | None = None,
                  debounce_s: float = 0.15, collapse: Collapse = "layer", fig_width: int = 960,
                  context_factory: Callable[..., Any] = make_context) -> None:
+        ctx = _as_context(ctx, devices, budget_mib)
         self.ctx = ctx
+        self.traced = _is_traced(ctx)
         self.fig_width = fig_width
         self.debounce_s = debounce_s
         self.error: str | None = None
@@ -86,19 +126,27 @@ class Dashboard:
         self._syncing = False
         self._hold = False
         self._drawn: tuple[int, int] | None = None
+        if self.traced:
+            devices, budget_mib = ctx.devices   # what the traced function's backends are
+            model = model or ctx.name
         if devices is None:         # show what the context runs on
             devices, budget_mib = describe_devices(tuple(getattr(ctx.cparams, "devices", ()) or ()))
         if model is None:
             model = preset_of(ctx.hparams) or str(getattr(ctx.hparams, "name", "model"))
         self._model, self._devices, self._budget = model, devices, budget_mib
+        if self.traced and collapse == "layer":
+            # a traced graph has no llama layers to group by: node by node when small, else by split
+            collapse = "none" if ctx.n_nodes <= 64 else "split"
         self._build(collapse)
         self.refresh()
 
     # ---------------------------------------------------------------- widgets
     def _build(self, collapse: Collapse) -> None:
-        cp = self.ctx.cparams
+        cp = getattr(self.ctx, "cparams", None)
         style = {"description_width": "initial"}
-        n_layer = int(getattr(self.ctx.hparams, "n_layer", 32))
+        n_layer = int(getattr(getattr(self.ctx, "hparams", None), "n_layer", 32))
+        parallel = getattr(self.ctx, "parallel", False) if self.traced else getattr(cp, "pipeline_parallel", False)
+        op_offload = getattr(self.ctx, "op_offload", True) if self.traced else getattr(cp, "op_offload", True)
         c: dict[str, W.Widget] = {
             "model": W.Dropdown(options=list(MODEL_PRESETS), description="model", style=style,
                                 value=preset_label(self._model)),
@@ -109,13 +157,12 @@ class Dashboard:
             "budget_mib": W.BoundedFloatText(value=self._budget or 0, min=0, max=1 << 30, step=64,
                                              description="budget MiB (0 = none)", style=style,
                                              layout=W.Layout(width="220px")),
-            "max_nodes": W.Text(value="auto", description="max_nodes", continuous_update=False, style=style,
+            "max_nodes": W.Text(value=str(getattr(self.ctx, "max_nodes_override", None) or "auto"),
+                                description="max_nodes", continuous_update=False, style=style,
                                 placeholder="auto or a number", layout=W.Layout(width="200px"),
                                 tooltip="auto = llama.cpp's graph_max_nodes: max(1024, 8 × n_tensors) (§7.2)"),
-            "parallel": W.Checkbox(value=bool(getattr(cp, "pipeline_parallel", False)),
-                                   description="pipeline parallelism", indent=False),
-            "op_offload": W.Checkbox(value=bool(getattr(cp, "op_offload", True)), description="op offload",
-                                     indent=False),
+            "parallel": W.Checkbox(value=bool(parallel), description="pipeline parallelism", indent=False),
+            "op_offload": W.Checkbox(value=bool(op_offload), description="op offload", indent=False),
             "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
                                        value=int(getattr(cp, "n_ctx", 4096)), description="n_ctx", style=style),
             "n_batch": W.SelectionSlider(options=_options(1, 1 << 13, getattr(cp, "n_batch", 2048)),
@@ -128,6 +175,14 @@ class Dashboard:
             "n_gpu_layers": W.IntSlider(value=min(int(getattr(cp, "n_gpu_layers", n_layer + 1)), n_layer + 1),
                                         min=0, max=n_layer + 1, description="n_gpu_layers", style=style),
         }
+        if self.traced:
+            for k in LLAMA_ONLY_CONTROLS:
+                del c[k]
+            c["max_nodes"].tooltip = f"auto = {self.ctx.auto_max_nodes_text}"
+            c["placement"] = W.Text(value=describe_placement(self.ctx.traced.placement), description="placement",
+                                    placeholder="0 | -1 | fc1.*:0, fc2.*:1", continuous_update=False, style=style,
+                                    layout=W.Layout(width="320px"),
+                                    tooltip="parameter path or glob -> backend index (-1 = CPU)")
         self.controls = c
         self._accepted = {k: w.value for k, w in c.items()}   # the values the context last accepted
         for key, w in c.items():
@@ -149,15 +204,21 @@ class Dashboard:
             name: go.FigureWidget() for name in ("timeline", "buffers", "split_map", "memory_layout")}
         for name, fw in self.figures.items():
             fw.add_class(f"toolkit-fig-{name}")
+        if self.traced:
+            self.run_button.description = "run vs jax.jit"
+            self.runtime.value = f"{html.escape(self.ctx.name)}: not run yet"
+        rows = [("model", "gguf", "devices", "budget_mib", "placement"),
+                ("max_nodes", "parallel", "op_offload"), ("n_ctx", "n_batch", "n_ubatch"),
+                ("flash_attn", "n_gpu_layers")]
+        boxes = [W.HBox([c[k] for k in row if k in c] + ([self.sched_info] if i == 1 else []))
+                 for i, row in enumerate(rows) if any(k in c for k in row)]
+        run_row = [self.run_button] if self.traced else [self.tokens, self.compile_button, self.run_button]
         self.widget = W.VBox([
-            W.HBox([c["model"], c["gguf"], c["devices"], c["budget_mib"]]),
-            W.HBox([c["max_nodes"], c["parallel"], c["op_offload"], self.sched_info]),
-            W.HBox([c["n_ctx"], c["n_batch"], c["n_ubatch"]]),
-            W.HBox([c["flash_attn"], c["n_gpu_layers"]]),
+            *boxes,
             self.badge, self.errors,
             self.figures["timeline"], self.figures["buffers"],
             self.collapse, self.figures["split_map"], self.figures["memory_layout"],
-            W.HBox([self.tokens, self.compile_button, self.run_button]), self.runtime,
+            W.HBox(run_row), self.runtime,
         ]).add_class("toolkit-dashboard")
 
     @staticmethod
@@ -198,10 +259,11 @@ class Dashboard:
         t0 = getattr(self, "_t_change", time.perf_counter())
         t_update = time.perf_counter()
         try:
-            if any(k in pending for k in CONTEXT_CONTROLS):
+            if not self.traced and any(k in pending for k in CONTEXT_CONTROLS):
                 self._new_context(pending)
             else:
-                changes = {UPDATE_KEYS[k]: self._convert(k, v) for k, v in pending.items() if k in UPDATE_KEYS}
+                keys = TRACED_UPDATE_KEYS if self.traced else UPDATE_KEYS
+                changes = {keys[k]: self._convert(k, v) for k, v in pending.items() if k in keys}
                 if any(k in pending for k in DEVICE_CONTROLS):
                     c = self.controls
                     changes["devices"] = parse_devices(c["devices"].value,
@@ -246,6 +308,8 @@ class Dashboard:
     def _convert(self, key: str, value: Any) -> Any:
         if key == "max_nodes":
             return parse_max_nodes(value)
+        if key == "placement":
+            return parse_placement(value)
         if key in ("n_ctx", "n_batch", "n_ubatch", "n_gpu_layers"):
             return int(value)
         return value
@@ -279,7 +343,8 @@ class Dashboard:
         self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
                              f"{html.escape(self.error)}</pre>" if self.error else "")
         if ev is not None and self.error is None:
-            how = "auto: max(1024, 8·n_tensors)" if self.controls["max_nodes"].value == "auto" else "typed"
+            auto = getattr(self.ctx, "auto_max_nodes_text", "max(1024, 8·n_tensors)")
+            how = f"auto: {auto}" if self.controls["max_nodes"].value == "auto" else "typed"
             self.sched_info.value = (f"<span class='toolkit-max-nodes' data-value='{ev.params.max_nodes}' "
                                      f"data-held='{held}'>max_nodes {ev.params.max_nodes} ({how}) · scheduler "
                                      f"holds {held} · n_copies {ev.n_copies} · {ev.n_nodes_pp} nodes, "
@@ -313,6 +378,9 @@ class Dashboard:
     # ---------------------------------------------------------------- runtime
     def _runtime_action(self, what: str) -> None:
         """compile: every split of the current scheduler for its device; run: decode the tokens."""
+        if self.traced:
+            self._run_traced()
+            return
         try:
             import importlib
 
@@ -323,11 +391,14 @@ class Dashboard:
         try:
             t0 = time.perf_counter()
             if what == "compile":
-                fn = getattr(jaxrt, "compile_splits", None)
-                if fn is None:
+                # Context.compile also records the report on the newest event (timeline hover)
+                if callable(getattr(self.ctx, "compile", None)):
+                    info = self.ctx.compile()
+                elif callable(getattr(jaxrt, "compile_splits", None)):
+                    info = jaxrt.compile_splits(self.ctx)
+                else:
                     self.runtime.value = "compile unavailable: toolkit.jaxrt has no compile_splits()"
                     return
-                info = fn(self.ctx)
                 out = (f"{info.get('compiled', '?')} split(s) compiled, {info.get('cache_hits', '?')} cache hit(s), "
                        f"XLA {info.get('compile_ms', 0.0):.1f} ms")
             else:
@@ -339,6 +410,21 @@ class Dashboard:
             msg = html.escape(f"{type(e).__name__}: {e}")
             self.runtime.value = f"<span style='color:#D55E00'>{what} failed: {msg}</span>"
         self.refresh()
+        self._draw(force=True)
+
+    def _run_traced(self) -> None:
+        """Execute the traced function split by split with the current scheduler; compare with jax.jit."""
+        try:
+            r = self.ctx.run()
+            self.last_run = r
+            copies = f"{r['copies']} cop{'y' if r['copies'] == 1 else 'ies'}"
+            out = (f"{r['ran_splits']} split(s) on {', '.join(r['devices'])}, {copies} between devices, "
+                   f"{r['run_ms']:.1f} ms; max |diff| vs jax.jit = {r['max_abs_diff']:.3g}")
+            self.runtime.value = (f"<span class='toolkit-run-result' data-max-abs-diff='{r['max_abs_diff']}'>"
+                                  f"run {html.escape(self.ctx.name)}: {html.escape(out)}</span>")
+        except Exception as e:
+            msg = html.escape(f"{type(e).__name__}: {e}")
+            self.runtime.value = f"<span style='color:#D55E00'>run failed: {msg}</span>"
 
     # ---------------------------------------------------------------- display
     def badge_text(self) -> str:
@@ -382,15 +468,38 @@ def _replace(fw: go.FigureWidget, fig: go.Figure, width: int | None = None) -> N
         fw.data = ()
         fw.add_traces(list(fig.data))
         fw.layout = layout
+    _keep_state_current(fw)
 
 
-def dashboard(model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None, *,
+def _keep_state_current(fw: go.FigureWidget) -> None:
+    """Make the widget's synced state (``_widget_data``/``_widget_layout``) what the views show.
+
+    plotly sends edits as one-off messages and leaves that state at the first draw, so a page
+    reload (which asks the kernel for the state) or a saved notebook would show an old figure.
+    The property lock stops the state from being sent a second time: the views have it already.
+    """
+    data, layout = deepcopy(fw._data), deepcopy(fw._layout)
+    lock = {"_widget_data": fw.trait_metadata("_widget_data", "to_json", fw._trait_to_json)(data, fw),
+            "_widget_layout": fw.trait_metadata("_widget_layout", "to_json", fw._trait_to_json)(layout, fw)}
+    with fw._lock_property(**lock):
+        fw._widget_data = data
+        fw._widget_layout = layout
+
+
+def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: float | None = None, *,
               debounce_s: float = 0.15, **cparams: Any) -> Dashboard:
     """One line in a notebook: a planning-only Context for ``model`` and its dashboard.
 
-    ``model``: tiny / small / Llama-3-8B-shaped / 70B-shaped (or llama3_8b, llama3_70b), or a .gguf path.
-    ``devices``: cpu, rpc:N or sim:N; ``budget_mib``: each device's compute memory budget.
+    ``model``: tiny / small / Llama-3-8B-shaped / 70B-shaped (or llama3_8b, llama3_70b), or a .gguf path;
+    or a traced JAX function (``toolkit.trace(f, ...)``, on ``devices``; None keeps its backends) or a
+    ``TracedContext``. ``devices``: cpu, rpc:N or sim:N; ``budget_mib``: each device's compute memory budget.
     Other keywords are context parameters (n_ctx=..., n_ubatch=..., flash_attn=...).
     """
+    if not isinstance(model, str):
+        if cparams:
+            raise ValueError(f"{', '.join(cparams)}: context parameters do not apply to a traced function")
+        return Dashboard(_as_context(model, devices, budget_mib), debounce_s=debounce_s)
+    if devices is None:
+        devices = "cpu"
     ctx = make_context(model, devices, budget_mib, **cparams)
     return Dashboard(ctx, model=model, devices=devices, budget_mib=budget_mib, debounce_s=debounce_s)

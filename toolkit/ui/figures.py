@@ -68,6 +68,10 @@ def _event_hover(ev: ReserveEvent) -> str:
             f"why: {text.reasons_text(ev) or '-'}", f"timings: {text.timings_text(ev)}",
             f"host metadata: +{size_label(ev.host_metadata_bytes)}, saved {size_label(ev.saved_host_metadata_bytes)}",
             f"nodes pp/tg: {ev.n_nodes_pp}/{ev.n_nodes_tg}, splits pp/tg: {ev.n_splits_pp}/{ev.n_splits_tg}"]
+    if ev.compile:
+        c = ev.compile
+        rows.append(f"XLA compile: {c.get('compiled', '?')} compiled, {c.get('cache_hits', '?')} cache hits, "
+                    f"{c.get('compile_ms', '?')} ms")
     if ev.error:
         rows.append(f"error: {ev.error}")
     return "<br>".join(rows)

@@ -1,0 +1,438 @@
+"""A traced JAX function with a live scheduler: the reuse-or-rebuild story of :class:`toolkit.context.Context`.
+
+:class:`TracedContext` holds a :class:`~toolkit.trace.api.Traced` function, its backends and one
+:class:`~toolkit.sched.Scheduler`. ``sched_new`` keeps the scheduler when
+:meth:`SchedParams.can_reuse` says it can serve the new params (the seed's rule, §8), and every
+``sched_reserve`` / ``update`` appends the same :class:`~toolkit.context.ReserveEvent` a llama
+context records, so the dashboard's badge, timeline, buffer and split figures read it unchanged.
+
+A traced function has one graph (no prompt/generation pair), so an event's pp and tg fields
+carry the same numbers. ``max_nodes`` plays the role it has in llama.cpp: it sizes the graph
+(``ggml_new_graph_custom(ctx, max_nodes)``, so it must exceed the node and leaf counts) and the
+scheduler's hash set (§2.3); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
+:meth:`Traced.schedule` uses.
+
+>>> import jax.numpy as jnp, toolkit
+>>> from toolkit.trace.session import TracedContext
+>>> tr = toolkit.trace(lambda p, x: jnp.tanh(x @ p["w"]), jnp.ones((4, 8)), params={"w": jnp.ones((8, 16))})
+>>> tc = TracedContext(tr, devices="cpu")
+>>> [tc.update(max_nodes=512).decision, tc.update(op_offload=False).decision]
+['reused', 'rebuilt']
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolkit.backend import Backend
+from toolkit.context import BufferSize, Decision, Reason, ReserveEvent, SchedParams, _reasons
+from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
+from toolkit.sched import Scheduler, hash_size, host_metadata_bytes
+
+if TYPE_CHECKING:
+    from toolkit.trace.api import Traced, TracedGraph
+    from toolkit.trace.schedule import Schedule
+
+# what update() accepts (the dashboard's controls that make sense for a traced graph)
+UPDATE_FIELDS = ("max_nodes", "parallel", "op_offload", "devices", "budget_mib", "placement")
+AUTO_MAX_NODES_TEXT = "max(1024, 2·(nodes+leafs))"
+
+
+def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
+    """The default max_nodes of a traced graph (as :meth:`Traced.schedule` sizes its scheduler)."""
+    return max(GGML_DEFAULT_GRAPH_SIZE, 2 * (n_nodes + n_leafs))
+
+
+def min_max_nodes(n_nodes: int, n_leafs: int) -> int:
+    """The smallest max_nodes a new scheduler can plan the graph with: the graph must hold every
+    node and leaf (ggml asserts ``n < size``) and the hash set all of them (``hash_size >= n_nodes + n_leafs``)."""
+    lo = max(n_nodes, n_leafs) + 1
+    need = n_nodes + n_leafs
+    if hash_size(lo) >= need:
+        return lo
+    hi = need  # hash_size(m) >= m
+    while lo < hi:  # hash_size is non-decreasing: bisect for the first m that fits
+        mid = (lo + hi) // 2
+        if hash_size(mid) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def backends_from_specs(specs: Sequence[str]) -> list[Backend]:
+    """Backends for device specs (``toolkit.models.devices``: ``sim``, ``sim:512M``, ``cuda``,
+    ``rpc:2``, …), each running on a JAX device (backend k on ``jax.devices()[k % n]``)."""
+    import jax
+
+    from toolkit.models.devices import make_devices
+
+    backends = make_devices(tuple(specs)).backends
+    devs = jax.devices()
+    for k, b in enumerate(backends):
+        b.executor = devs[k % len(devs)]
+    return backends
+
+
+def describe_backends(backends: Sequence[Backend]) -> tuple[str, float | None]:
+    """The dashboard's device picker text (``cpu``, ``sim:2``, ``rpc:2``) and budget in MiB for
+    a backend list; backend names joined when no picker spec describes it."""
+    gpus = list(backends[:-1])
+    if not gpus:
+        return "cpu", None
+    kinds = {re.sub(r"[^A-Za-z].*", "", b.name).lower() for b in gpus}  # SIM0 / RPC0[host:port] -> sim / rpc
+    limits = {b.buft.alloc_limit for b in gpus}
+    if len(kinds) == 1 and len(limits) == 1:
+        kind, limit = kinds.pop(), limits.pop()
+        if kind in ("sim", "cuda") or (kind == "rpc" and limit is None):
+            return f"{kind}:{len(gpus)}", (limit / (1 << 20) if limit else None)
+    return ",".join(b.name for b in backends), None
+
+
+class TracedContext:
+    """A traced function's scheduler side: ``sched_new`` (reuse, §8), ``sched_reserve``, events.
+
+    ``devices`` is a backend list, a picker spec (``"cpu"``, ``"sim:2"``) or device specs
+    (``("sim:64M", "sim:64M")``); None keeps the backends the function was placed on (else
+    ``cpu``). Bad input to :meth:`update` raises ValueError naming the value and the limit;
+    the scheduler, its buffers and the placement stay as they were.
+    """
+
+    auto_max_nodes_text = AUTO_MAX_NODES_TEXT
+
+    def __init__(self, traced: Traced, devices: Any = None, *, placement: Any = None, max_nodes: int | None = None,
+                 parallel: bool = False, op_offload: bool = True, pins: dict[str, int] | None = None,
+                 planner: str = "ggml", args: Sequence[Any] | None = None, params: Any = None) -> None:
+        self.traced = traced
+        self.planner = planner
+        self.pins = dict(pins or {})
+        self.args = tuple(args) if args is not None else tuple(getattr(traced, "example_args", ()))
+        self.params = params
+        g = traced.graph
+        self.n_nodes, self.n_leafs = g.n_nodes, g.n_leafs
+        self.max_nodes_override = self._check_max_nodes(max_nodes)
+        self.parallel = _check_flag("parallel", parallel)
+        self.op_offload = _check_flag("op_offload", op_offload)
+        if devices is None and traced.backends is None:
+            devices = "cpu"
+        backends = traced.backends if devices is None else self._backends(devices)
+        assert backends is not None
+        traced.place(backends, placement)
+        self.scheduler: Any = None
+        self.sched_params_cur: SchedParams | None = None   # what the scheduler was built with
+        self.sched_params_req: SchedParams | None = None   # what the last reserve asked for
+        self.events: list[ReserveEvent] = []
+        self.warnings: list[str] = []
+        self._schedule: tuple[int, Schedule] | None = None
+        self.sched_reserve(trigger=f"traced {self.name}")
+
+    # ---- what the dashboard reads --------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return str(getattr(self.traced.fn, "__name__", "function"))
+
+    @property
+    def backends(self) -> list[Backend]:
+        assert self.traced.backends is not None
+        return self.traced.backends
+
+    @property
+    def devices(self) -> tuple[str, float | None]:
+        return describe_backends(self.backends)
+
+    @property
+    def n_copies(self) -> int:
+        return int(self.scheduler.n_copies)
+
+    def compute_buffers_bytes(self) -> dict[str, int]:
+        """``get_buffer_size`` per backend by buft name, zero-sized buffers included."""
+        out: dict[str, int] = {}
+        for i in range(self.scheduler.n_backends):
+            name = self.scheduler.bufts[i].name
+            out[name] = out.get(name, 0) + self.scheduler.buffer_size(i)
+        return out
+
+    def weight_bytes(self) -> dict[str, int]:
+        """The parameters' WEIGHTS buffers by buft name."""
+        out: dict[str, int] = {}
+        for buf in self.traced.weight_buffers:
+            out[buf.buft.name] = out.get(buf.buft.name, 0) + int(buf.size)
+        return out
+
+    def max_nodes(self) -> int:
+        return self.max_nodes_override or auto_max_nodes(self.n_nodes, self.n_leafs)
+
+    # ---- the seed (#32009) ---------------------------------------------------------------------
+    def sched_new(self, params: SchedParams) -> bool:
+        """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
+        if self.scheduler is not None and self.sched_params_cur is not None \
+                and params.can_reuse(self.sched_params_cur):
+            return True
+        if self.scheduler is not None:
+            self.scheduler.free()  # the old scheduler's compute buffers go with it (budgets freed)
+        self.scheduler = Scheduler(self.backends, None, params.max_nodes, params.parallel, params.op_offload,
+                                   self.planner)
+        self.sched_params_cur = params
+        return False
+
+    def build(self) -> TracedGraph:
+        """A fresh build (the scheduler rewrites a graph's srcs when it splits it, §3), pins applied."""
+        tg = self.traced.build()
+        self.scheduler.reset()
+        for name, b in self.pins.items():
+            self.scheduler.set_tensor_backend(tg.tensor(name), b)
+        return tg
+
+    def _check_max_nodes(self, max_nodes: Any) -> int | None:
+        if max_nodes is None:
+            return None
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes <= 0:
+            raise ValueError(f"max_nodes={max_nodes!r} must be a positive integer")
+        if max_nodes <= max(self.n_nodes, self.n_leafs):
+            # the graph holds max_nodes tensors of each kind (ggml asserts n_nodes < size)
+            raise ValueError(f"max_nodes={max_nodes} is too small for the traced graph: it has {self.n_nodes} nodes "
+                             f"and {self.n_leafs} leafs (max_nodes must be > {max(self.n_nodes, self.n_leafs)})")
+        return max_nodes
+
+    def _precheck(self, params: SchedParams) -> None:
+        """Refuse a max_nodes whose hash set cannot hold the graph before touching the scheduler."""
+        reuse = self.scheduler is not None and self.sched_params_cur is not None \
+            and params.can_reuse(self.sched_params_cur)
+        h = self.scheduler.hash_size if reuse else hash_size(params.max_nodes)
+        n = self.n_nodes + self.n_leafs
+        if n > h:
+            raise ValueError(
+                f"max_nodes={params.max_nodes} is too small for the traced graph: n_nodes + n_leafs = "
+                f"{self.n_nodes} + {self.n_leafs} = {n} exceeds the scheduler's hash capacity {h} "
+                f"(max_nodes must be >= {min_max_nodes(self.n_nodes, self.n_leafs)})")
+
+    # ---- sched_reserve -------------------------------------------------------------------------
+    def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
+        """sched_new, then reserve the traced graph; without room for pipeline parallelism, retry
+        without it (llama.cpp's fallback, §7.5)."""
+        t0 = time.perf_counter()
+        params = SchedParams(self.max_nodes(), self.parallel, self.op_offload)
+        self._precheck(params)
+        prev, old = self.sched_params_cur, self.scheduler
+        kept = {old.bufts[i].name: old.buffer_size(i) for i in range(old.n_backends)} if old is not None else {}
+        kept_hash, kept_caps = (old.hash_size, old.split_capacities) if old is not None else (0, ())
+        reused = self.sched_new(params)
+        self.sched_params_req = params
+        t_new = time.perf_counter()
+        reasons = list(extra_reasons) + _reasons(prev, params, reused)
+        decision: Decision = "reused" if reused else "rebuilt"
+        warnings: list[str] = []
+        host_bytes = 0 if reused else self.scheduler.host_metadata_bytes
+        tg = self.build()
+        ok = self.scheduler.reserve(tg.graph)
+        if not ok and self.parallel:
+            warnings.append("compute buffer allocation failed, retrying without pipeline parallelism")
+            self.parallel = False
+            decision = "fallback"
+            reasons.append(Reason("parallel", True, False))
+            self.sched_params_req = SchedParams(params.max_nodes, False, params.op_offload)
+            self.sched_new(self.sched_params_req)
+            host_bytes += self.scheduler.host_metadata_bytes
+            tg = self.build()
+            ok = self.scheduler.reserve(tg.graph)
+        if not ok:
+            raise ValueError(f"failed to allocate compute buffers: {self._alloc_failure()}")
+        t_end = time.perf_counter()
+        s = self.scheduler
+        needed = s.graph_needed_sizes()
+        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i), needed[i], needed[i])
+                        for i, be in enumerate(s.backends))
+        self.warnings += warnings
+        ev = ReserveEvent(
+            index=len(self.events), decision=decision, reasons=tuple(reasons), params=self.sched_params_req,
+            previous=prev, trigger=trigger,
+            timings_ms={"sched_new": (t_new - t0) * 1e3, "reserve": (t_end - t_new) * 1e3,
+                        "total": (t_end - t0) * 1e3},
+            host_metadata_bytes=host_bytes,
+            saved_host_metadata_bytes=host_metadata_bytes(params.max_nodes, s.n_backends, s.n_copies) if reused else 0,
+            hash_size=s.hash_size, split_capacities=s.split_capacities, buffers=buffers,
+            model_bytes=self.weight_bytes(), n_nodes_pp=tg.graph.n_nodes, n_nodes_tg=tg.graph.n_nodes,
+            n_splits_pp=s.n_splits, n_splits_tg=s.n_splits, n_copies=s.n_copies, pipeline_parallel=self.parallel,
+            warnings=tuple(warnings), plan=s.plan(),
+            kept_buffers=kept if reused else {}, kept_hash_size=kept_hash if reused else 0,
+            kept_split_capacities=tuple(c for c in kept_caps if c > 30) if reused else (),
+            n_backends=s.n_backends,
+        )
+        self.events.append(ev)
+        return ev
+
+    def _alloc_failure(self) -> str:
+        s = self.scheduler
+        w = s.warnings[-1] if s.warnings else "a compute buffer exceeds its device budget"
+        limits = [f"{b.name} budget {b.alloc_limit} B" for b in dict.fromkeys(s.bufts) if b.alloc_limit is not None]
+        return w + (f" ({', '.join(limits)})" if limits else "")
+
+    # ---- changes -------------------------------------------------------------------------------
+    def update(self, **changes: Any) -> ReserveEvent:
+        """Change ``max_nodes`` (None = auto), ``parallel``, ``op_offload``, ``devices`` (with
+        ``budget_mib`` for a picker spec) or ``placement``, then sched_reserve.
+
+        New devices mean new backends: no scheduler can be reused (reason ``devices``). On bad
+        input (ValueError naming the value and the limit) everything stays as it was and an
+        ``error`` event records the attempt.
+        """
+        unknown = sorted(set(changes) - set(UPDATE_FIELDS))
+        tr = self.traced
+        saved = (self.max_nodes_override, self.parallel, self.op_offload, self.scheduler, self.sched_params_cur,
+                 self.sched_params_req, tr.placement, tr.backends)
+        old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
+        trigger = "; ".join(f"{k} {self._current(k)} -> {_show(v)}" for k, v in changes.items()) or "sched_reserve"
+        try:
+            if unknown:
+                raise ValueError(f"cannot change {', '.join(unknown)} of a traced graph: "
+                                 f"accepted are {', '.join(UPDATE_FIELDS)}")
+            if "max_nodes" in changes:
+                self.max_nodes_override = self._check_max_nodes(changes["max_nodes"])
+            if "parallel" in changes:
+                self.parallel = _check_flag("parallel", changes["parallel"])
+            if "op_offload" in changes:
+                self.op_offload = _check_flag("op_offload", changes["op_offload"])
+            reasons: list[Reason] = []
+            backends = self.backends
+            if "devices" in changes or "budget_mib" in changes:
+                spec = changes.get("devices", self.devices[0])
+                backends = self._backends(spec, changes.get("budget_mib"))
+            if backends is not self.backends or "placement" in changes:
+                if "placement" in changes:
+                    tr.placement = changes["placement"]
+                tr.place(backends)  # resolves the placement: an index out of range raises here
+            if backends is not saved[7]:
+                reasons.append(Reason("devices", _devices_label(saved[7] or ()), _devices_label(backends)))
+                if self.scheduler is not None:
+                    self.scheduler.free()
+                self.scheduler = None  # other backends: no scheduler can be reused
+            return self.sched_reserve(trigger, reasons)
+        except Exception as e:
+            failed = self.scheduler
+            (self.max_nodes_override, self.parallel, self.op_offload, self.scheduler, self.sched_params_cur,
+             self.sched_params_req, placement, backends_before) = saved
+            if backends_before is not None and (tr.backends is not backends_before or tr.placement is not placement):
+                tr.placement = placement
+                tr.place(backends_before)
+            if failed is not None and failed is not self.scheduler:
+                failed.free()
+            if self.scheduler is not None and old_sizes is not None and self.scheduler.buffer_sizes() != old_sizes:
+                # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch
+                self.scheduler.free()
+                self.scheduler.reserve(self.build().graph)
+            cur = self.sched_params_cur or SchedParams(0, False, False)
+            req = self.sched_params_req or cur
+            self.events.append(ReserveEvent(len(self.events), "error", (), req, cur, trigger, error=str(e)))
+            if isinstance(e, ValueError):
+                raise
+            raise ValueError(str(e)) from e
+
+    def _backends(self, devices: Any, budget_mib: float | None = None) -> list[Backend]:
+        if isinstance(devices, str):
+            from toolkit.ui.choices import parse_devices  # a light module: no plotly / ipywidgets
+
+            return backends_from_specs(parse_devices(devices, budget_mib).cparams_devices())
+        items = list(devices)
+        if items and all(isinstance(b, Backend) for b in items):
+            if not items[-1].is_cpu:
+                raise ValueError(f"the last backend must be the CPU, got {items[-1].name}")
+            return items
+        if all(isinstance(s, str) for s in items):
+            return backends_from_specs(items)
+        raise ValueError(f"devices {devices!r} is neither a picker spec, device specs nor a list of backends")
+
+    def _current(self, key: str) -> Any:
+        if key == "max_nodes":
+            return self.sched_params_req.max_nodes if self.sched_params_req else None
+        if key == "devices":
+            return _devices_label(self.backends)
+        if key == "budget_mib":
+            return self.devices[1]
+        if key == "placement":
+            return _show(self.traced.placement)
+        return getattr(self, key, None)
+
+    # ---- running it ----------------------------------------------------------------------------
+    def schedule(self) -> Schedule:
+        """The traced graph allocated by the current scheduler (alloc_graph on a fresh build), ready to run."""
+        from toolkit.trace.schedule import Schedule
+
+        key = len(self.events)
+        if self._schedule is not None and self._schedule[0] == key and self._schedule[1].scheduler is self.scheduler:
+            return self._schedule[1]
+        tg = self.build()
+        ok = self.scheduler.alloc_graph(tg.graph)
+        plan = self.scheduler.plan()
+        node_backend = [0] * tg.graph.n_nodes
+        for p in plan.nodes:
+            node_backend[p.index] = p.backend_id
+        splits = [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits]
+        sch = Schedule(self.traced, tg, list(self.backends), node_backend, splits, self.scheduler, plan, ok)
+        self._schedule = (key, sch)
+        return sch
+
+    def param_tree(self) -> Any:
+        """The parameters as the function takes them (the traced values unless ``params`` was given)."""
+        if self.params is not None:
+            return self.params
+        import jax
+
+        tr = self.traced
+        return jax.tree_util.tree_unflatten(tr._p_tree, tr.param_values) if tr.has_params else None
+
+    def run(self, *args: Any, params: Any = None, mode: str = "eager") -> dict[str, Any]:
+        """Run split by split on the backends' devices and compare with ``jax.jit(f)``: outputs,
+        max |difference|, splits run, copies between devices and wall time."""
+        import jax
+        import numpy as np
+
+        args = args or self.args
+        if not args and self.traced.arg_paths:
+            raise ValueError(f"run() needs the {len(self.traced.arg_paths)} argument(s) of {self.name}")
+        p = params if params is not None else self.param_tree()
+        sch = self.schedule()
+        t0 = time.perf_counter()
+        out = sch.run(*args, params=p, mode=mode)
+        jax.block_until_ready(out)
+        t1 = time.perf_counter()
+        f = self.traced.fn
+        ref = jax.jit(f)(p, *args) if self.traced.has_params else jax.jit(f)(*args)
+        diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if np.size(a) else 0.0
+                 for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref), strict=True)]
+        rep = sch.last_run
+        return {"outputs": out, "max_abs_diff": max(diffs, default=0.0), "n_splits": sch.n_splits,
+                "ran_splits": len(rep.splits) if rep is not None else 0,
+                "copies": rep.n_copies if rep is not None else 0, "run_ms": (t1 - t0) * 1e3,
+                "devices": sorted({s.device for s in rep.splits}) if rep is not None else []}
+
+    # ---- text ----------------------------------------------------------------------------------
+    def to_text(self) -> str:
+        return "\n".join(ev.to_text() for ev in self.events)
+
+    def __repr__(self) -> str:
+        return (f"TracedContext({self.name}, backends=[{', '.join(b.name for b in self.backends)}], "
+                f"sched={self.sched_params_cur}, events={len(self.events)})")
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
+def _devices_label(backends: Sequence[Backend]) -> str:
+    spec, budget = describe_backends(backends)
+    return spec + (f" ({budget:g} MiB each)" if budget else "")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, (list, tuple)) and v and isinstance(v[0], Backend):
+        return ",".join(b.name for b in v)
+    return str(v)
+
+
+__all__ = ["AUTO_MAX_NODES_TEXT", "TracedContext", "auto_max_nodes", "backends_from_specs", "describe_backends",
+           "min_max_nodes"]
