@@ -8,6 +8,7 @@ a real Context in test_ui_context.py.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,7 +189,13 @@ def test_rapid_changes_coalesce_last_value_wins() -> None:
         await asyncio.sleep(0.2)
         return dash
 
-    dash = asyncio.run(drag())
+    # a fresh thread owns its own event loop: the session-wide browser fixtures keep a loop
+    # running in the main thread once they have started
+    out: list[Dashboard] = []
+    worker = threading.Thread(target=lambda: out.append(asyncio.run(drag())))
+    worker.start()
+    worker.join(timeout=30)
+    dash = out[0]
     assert ctx.update_calls == [{"n_ubatch": 4}]
     assert dash.n_updates == 1 and ctx.events[-1].trigger == "n_ubatch=4"
 
