@@ -20,16 +20,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from toolkit.events import BufferSize, Decision, Reason, ReserveEvent, reasons_for
 from toolkit.ggml.graph import GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.sched import Scheduler, hash_size, host_metadata_bytes
-from toolkit.sched.plan import Plan
 
-Decision = Literal["reused", "rebuilt", "fallback", "error"]
-
+__all__ = ["BufferSize", "Context", "Decision", "Reason", "ReserveEvent", "SchedParams", "SchedulerOwner"]
 
 @dataclass(frozen=True)
 class SchedParams:
@@ -48,98 +47,128 @@ class SchedParams:
         )
 
 
-@dataclass(frozen=True)
-class Reason:
-    """One (field, before, after) explaining a rebuild (or what reuse relied on)."""
+@dataclass
+class _Reserve:
+    """One sched_reserve in progress: what sched_new decided, and what the old scheduler held."""
 
-    field: str
-    before: object
-    after: object
-
-    def __str__(self) -> str:
-        if self.field == "max_nodes":
-            rel = ">" if (self.after or 0) > (self.before or 0) else "<="  # type: ignore[operator]
-            return f"max_nodes {self.after} {rel} {self.before}"
-        fmt = {True: "on", False: "off"}
-        b = fmt.get(self.before, self.before) if isinstance(self.before, bool) else self.before  # type: ignore[call-overload]
-        a = fmt.get(self.after, self.after) if isinstance(self.after, bool) else self.after  # type: ignore[call-overload]
-        return f"{self.field} {b} \u2192 {a}"
-
-
-@dataclass(frozen=True)
-class BufferSize:
-    """One scheduler backend's compute buffer after a reserve."""
-
-    backend: str
-    buft: str
-    allocated: int       # what the scheduler holds (buffers only grow)
-    needed_pp: int       # what the pp graph alone needs
-    needed_tg: int       # what the tg graph alone needs
-
-
-@dataclass(frozen=True)
-class ReserveEvent:
-    index: int
+    t0: float
+    t_new: float
+    prev: SchedParams | None
+    reused: bool
+    reasons: list[Reason]
     decision: Decision
-    reasons: tuple[Reason, ...]
-    params: SchedParams
-    previous: SchedParams | None
-    trigger: str                                   # what the user changed, e.g. "n_ctx 256 -> 1024"
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    host_metadata_bytes: int = 0                   # allocated by sched_new (0 when reused)
-    saved_host_metadata_bytes: int = 0             # what reuse avoided allocating
-    hash_size: int = 0
-    split_capacities: tuple[int, ...] = ()
-    buffers: tuple[BufferSize, ...] = ()
-    kv_bytes: dict[str, int] = field(default_factory=dict)
-    model_bytes: dict[str, int] = field(default_factory=dict)
-    output_bytes: dict[str, int] = field(default_factory=dict)
-    n_nodes_pp: int = 0
-    n_nodes_tg: int = 0
-    n_splits_pp: int = 0
-    n_splits_tg: int = 0
-    n_copies: int = 1
-    pipeline_parallel: bool = False
-    warnings: tuple[str, ...] = ()
-    error: str | None = None
-    plan: Plan | None = None                       # the final (pp) plan, for split map and layout
-    compile: dict[str, object] = field(default_factory=dict)  # runtime: compiled / cache hit, ms
-    # what a reused scheduler carried over: buffer sizes held before this reserve (by buft), its hash
-    # capacity, and the split input capacities that had grown past GGML_SCHED_MAX_SPLIT_INPUTS
-    kept_buffers: dict[str, int] = field(default_factory=dict)
-    kept_hash_size: int = 0
-    kept_split_capacities: tuple[int, ...] = ()
-    n_backends: int = 0
+    host_bytes: int
+    kept: dict[str, int]
+    kept_hash: int
+    kept_caps: tuple[int, ...]
+    warnings: list[str] = field(default_factory=list)
 
-    def to_text(self) -> str:
-        why = "; ".join(str(r) for r in self.reasons) or "-"
-        bufs = ", ".join(f"{b.buft}={b.allocated}" for b in self.buffers)
-        head = f"#{self.index} {self.decision:8s} [{self.trigger}] {why}"
-        if self.error:
-            return f"{head}\n    error: {self.error}"
-        return (f"{head}\n    max_nodes={self.params.max_nodes} parallel={self.params.parallel} "
-                f"op_offload={self.params.op_offload} hash={self.hash_size} n_copies={self.n_copies}"
-                f"\n    nodes pp/tg={self.n_nodes_pp}/{self.n_nodes_tg} splits pp/tg={self.n_splits_pp}/"
-                f"{self.n_splits_tg} buffers: {bufs}"
-                f"\n    host metadata {self.host_metadata_bytes} B, saved {self.saved_host_metadata_bytes} B, "
-                f"planning {self.timings_ms.get('reserve', 0.0):.2f} ms")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index, "decision": self.decision, "trigger": self.trigger,
-            "reasons": [[r.field, r.before, r.after] for r in self.reasons],
-            "params": vars(self.params), "previous": vars(self.previous) if self.previous else None,
-            "timings_ms": self.timings_ms, "host_metadata_bytes": self.host_metadata_bytes,
-            "saved_host_metadata_bytes": self.saved_host_metadata_bytes, "hash_size": self.hash_size,
-            "split_capacities": list(self.split_capacities),
-            "buffers": [vars(b) for b in self.buffers], "kv_bytes": self.kv_bytes, "model_bytes": self.model_bytes,
-            "output_bytes": self.output_bytes, "n_nodes_pp": self.n_nodes_pp, "n_nodes_tg": self.n_nodes_tg,
-            "n_splits_pp": self.n_splits_pp, "n_splits_tg": self.n_splits_tg, "n_copies": self.n_copies,
-            "pipeline_parallel": self.pipeline_parallel, "warnings": list(self.warnings), "error": self.error,
-            "kept_buffers": self.kept_buffers, "kept_hash_size": self.kept_hash_size,
-            "kept_split_capacities": list(self.kept_split_capacities),
-        }
+class SchedulerOwner:
+    """The seed's half of ``llama_context`` (#32009): one scheduler, the params it was built with,
+    ``sched_new`` that keeps it when :meth:`SchedParams.can_reuse` holds, and the ReserveEvents.
 
+    :class:`Context` (llama graphs) and ``toolkit.trace.TracedContext`` (traced JAX functions)
+    share it; each brings its graphs, its backends and its ``sched_reserve`` sequence.
+    """
+
+    planner: str = "ggml"
+    scheduler: Any = None
+    sched_params_cur: SchedParams | None = None   # what the scheduler was built with
+    sched_params_req: SchedParams | None = None   # what the last reserve asked for
+
+    def _init_owner(self, planner: str) -> None:
+        self.planner = planner
+        self.scheduler = None
+        self.sched_params_cur = None
+        self.sched_params_req = None
+        self.events: list[ReserveEvent] = []
+        self.warnings: list[str] = []
+
+    @property
+    def backends(self) -> list[Any]:
+        raise NotImplementedError
+
+    def would_reuse(self, params: SchedParams) -> bool:
+        return self.scheduler is not None and self.sched_params_cur is not None \
+            and params.can_reuse(self.sched_params_cur)
+
+    def sched_new(self, params: SchedParams) -> bool:
+        """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
+        if self.would_reuse(params):
+            return True
+        if self.scheduler is not None:
+            self.scheduler.free()  # the old scheduler's compute buffers go with it
+        self.scheduler = Scheduler(self.backends, None, params.max_nodes, params.parallel, params.op_offload,
+                                   self.planner)
+        self.sched_params_cur = params
+        return False
+
+    def hash_capacity_for(self, params: SchedParams) -> int:
+        """The hash set that will serve ``params``: a reused scheduler keeps its larger one (§8)."""
+        return self.scheduler.hash_size if self.would_reuse(params) else hash_size(params.max_nodes)
+
+    def compute_buffers_bytes(self) -> dict[str, int]:
+        """``get_buffer_size`` per backend by buft name, zero-sized buffers included."""
+        out: dict[str, int] = {}
+        for i in range(self.scheduler.n_backends):
+            name = self.scheduler.bufts[i].name
+            out[name] = out.get(name, 0) + self.scheduler.buffer_size(i)
+        return out
+
+    def _alloc_failure(self) -> str:
+        s = self.scheduler
+        w = s.warnings[-1] if s.warnings else "a compute buffer exceeds its device budget"
+        limits = [f"{b.name} budget {b.alloc_limit} B" for b in dict.fromkeys(s.bufts) if b.alloc_limit is not None]
+        return w + (f" ({', '.join(limits)})" if limits else "")
+
+    def _begin_reserve(self, params: SchedParams, extra_reasons: Sequence[Reason]) -> _Reserve:
+        t0 = time.perf_counter()
+        prev, old = self.sched_params_cur, self.scheduler
+        kept = {old.bufts[i].name: old.buffer_size(i) for i in range(old.n_backends)} if old is not None else {}
+        kept_hash, kept_caps = (old.hash_size, old.split_capacities) if old is not None else (0, ())
+        reused = self.sched_new(params)
+        self.sched_params_req = params
+        return _Reserve(t0, time.perf_counter(), prev, reused, list(extra_reasons) + reasons_for(prev, params, reused),
+                        "reused" if reused else "rebuilt", 0 if reused else self.scheduler.host_metadata_bytes,
+                        kept, kept_hash, tuple(kept_caps))
+
+    def _fall_back(self, r: _Reserve) -> None:
+        """llama.cpp's retry when allocation failed with pipeline parallelism (§7.5 step 7)."""
+        assert self.sched_params_req is not None
+        r.warnings.append("compute buffer allocation failed, retrying without pipeline parallelism")
+        r.decision = "fallback"
+        r.reasons.append(Reason("parallel", True, False))
+        self.sched_params_req = SchedParams(self.sched_params_req.max_nodes, False, self.sched_params_req.op_offload)
+        self.sched_new(self.sched_params_req)
+        r.host_bytes += self.scheduler.host_metadata_bytes
+
+    def _record(self, r: _Reserve, trigger: str, needed_tg: Sequence[int], timings_ms: dict[str, float],
+                **fields: Any) -> ReserveEvent:
+        """Append the ReserveEvent of a finished reserve (the scheduler holds the final plan)."""
+        s = self.scheduler
+        assert self.sched_params_req is not None
+        needed = s.graph_needed_sizes()
+        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i), needed[i], needed_tg[i])
+                        for i, be in enumerate(s.backends))
+        self.warnings += r.warnings
+        saved = host_metadata_bytes(self.sched_params_req.max_nodes, s.n_backends, s.n_copies) if r.reused else 0
+        ev = ReserveEvent(
+            index=len(self.events), decision=r.decision, reasons=tuple(r.reasons), params=self.sched_params_req,
+            previous=r.prev, trigger=trigger, timings_ms=timings_ms, host_metadata_bytes=r.host_bytes,
+            saved_host_metadata_bytes=saved, hash_size=s.hash_size, split_capacities=s.split_capacities,
+            buffers=buffers, n_copies=s.n_copies, warnings=tuple(r.warnings), plan=s.plan(),
+            kept_buffers=r.kept if r.reused else {}, kept_hash_size=r.kept_hash if r.reused else 0,
+            kept_split_capacities=tuple(c for c in r.kept_caps if c > 30) if r.reused else (),
+            n_backends=s.n_backends, **fields,
+        )
+        self.events.append(ev)
+        return ev
+
+    def _record_error(self, trigger: str, error: Exception) -> None:
+        cur = self.sched_params_cur or SchedParams(0, False, False)
+        req = self.sched_params_req or cur
+        self.events.append(ReserveEvent(len(self.events), "error", (), req, cur, trigger, error=str(error)))
 
 
 # ---- the context ------------------------------------------------------------------------------
@@ -164,7 +193,7 @@ def _hparams(model: Any) -> LlamaHParams:
     raise ValueError(f"model {model!r} is not LlamaHParams, a preset name, a .gguf path or a model dict")
 
 
-class Context:
+class Context(SchedulerOwner):
     """llama_context's scheduler side: ``sched_new`` (reuse, §8) and ``sched_reserve`` (§7.5).
 
     ``max_nodes`` overrides ``graph_max_nodes``; ``parallel`` overrides the pipeline-parallel
@@ -177,17 +206,12 @@ class Context:
         # the runtime loads weights from here (toolkit.jaxrt); planning needs only the metadata
         self.gguf_path: str | None = model if isinstance(model, str) and model.endswith(".gguf") else None
         self.cparams: ContextParams = cparams if cparams is not None else ContextParams()
-        self.planner = planner
         self._backends_arg = list(devices) if devices is not None else None
         self.max_nodes_override = self._check_max_nodes(max_nodes)
         self.parallel_override = parallel
         self.setup: LlamaSetup = setup(self.hparams, self.cparams, self._backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
-        self.scheduler: Any = None
-        self.sched_params_cur: SchedParams | None = None   # what the scheduler was built with
-        self.sched_params_req: SchedParams | None = None   # what the last reserve asked for
-        self.events: list[ReserveEvent] = []
-        self.warnings: list[str] = []
+        self._init_owner(planner)
         self._fa_resolved = self.cparams.flash_attn != "auto"
         self.sched_reserve(trigger="context created")
 
@@ -223,27 +247,6 @@ class Context:
     @property
     def n_copies(self) -> int:
         return self.scheduler.n_copies
-
-    def compute_buffers_bytes(self) -> dict[str, int]:
-        """``get_buffer_size`` per backend by buft name, zero-sized buffers included."""
-        out: dict[str, int] = {}
-        for i in range(self.scheduler.n_backends):
-            name = self.scheduler.bufts[i].name
-            out[name] = out.get(name, 0) + self.scheduler.buffer_size(i)
-        return out
-
-    # ---- the seed (#32009) -------------------------------------------------------------------
-    def sched_new(self, params: SchedParams) -> bool:
-        """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
-        if self.scheduler is not None and self.sched_params_cur is not None \
-                and params.can_reuse(self.sched_params_cur):
-            return True
-        if self.scheduler is not None:
-            self.scheduler.free()  # the old scheduler's compute buffers go with it
-        self.scheduler = Scheduler(self.backends, None, params.max_nodes, params.parallel, params.op_offload,
-                                   self.planner)
-        self.sched_params_cur = params
-        return False
 
     # ---- graphs --------------------------------------------------------------------------------
     def _max_nodes(self) -> int:
@@ -286,9 +289,7 @@ class Context:
             g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_tokens).graph
         except GraphFull as e:
             raise ValueError(f"max_nodes={params.max_nodes} is too small for the graph: {e}") from None
-        reuse = self.scheduler is not None and self.sched_params_cur is not None \
-            and params.can_reuse(self.sched_params_cur)
-        h = self.scheduler.hash_size if reuse else hash_size(params.max_nodes)
+        h = self.hash_capacity_for(params)
         if g.n_nodes + g.n_leafs > h:
             raise ValueError(
                 f"max_nodes={params.max_nodes} is too small for the graph: n_nodes + n_leafs = "
@@ -296,40 +297,23 @@ class Context:
 
     # ---- sched_reserve (§7.5) -------------------------------------------------------------------
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
-        t0 = time.perf_counter()
         rp = self.setup.resolved
         n_seqs = rp.n_seq_max
         n_tokens = min(rp.n_ctx, rp.n_ubatch)
         n_outputs_pp = min(n_tokens, rp.n_outputs_max)
         params = SchedParams(self._max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
-        prev, old = self.sched_params_cur, self.scheduler
-        kept: dict[str, int] = {}
-        if old is not None:
-            kept = {old.bufts[i].name: old.buffer_size(i) for i in range(old.n_backends)}
-        kept_hash, kept_caps = (old.hash_size, old.split_capacities) if old is not None else (0, ())
-        reused = self.sched_new(params)
-        self.sched_params_req = params
-        t_new = time.perf_counter()
-        reasons = list(extra_reasons) + _reasons(prev, params, reused)
-        decision: Decision = "reused" if reused else "rebuilt"
-        warnings: list[str] = []
-        host_bytes = 0 if reused else self.scheduler.host_metadata_bytes
+        r = self._begin_reserve(params, extra_reasons)
         # resolve_fused_ops: split-only probes (flash attention only when auto)
         if not self._fa_resolved:
-            self._resolve_flash_attn(n_seqs, warnings)
+            self._resolve_flash_attn(n_seqs, r.warnings)
         for nt in N_FUSED_OP_PROBES:
             self.graph_reserve(nt, n_seqs, nt, split_only=True)
         t_probe = time.perf_counter()
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if lg is None and self.pipeline_parallel:
-            warnings.append("compute buffer allocation failed, retrying without pipeline parallelism")
             self.pipeline_parallel = False
-            decision = "fallback"
-            reasons.append(Reason("parallel", True, False))
-            self.sched_params_req = SchedParams(params.max_nodes, False, params.op_offload)
-            self.sched_new(self.sched_params_req)
-            host_bytes += self.scheduler.host_metadata_bytes
+            self._fall_back(r)
             lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if lg is None:
             raise _AllocFailed(f"failed to allocate compute pp buffers: {self._alloc_failure()}")
@@ -343,34 +327,13 @@ class Context:
         if lg is None:
             raise _AllocFailed(f"failed to allocate compute pp buffers: {self._alloc_failure()}")
         t_end = time.perf_counter()
-        s = self.scheduler
-        needed_pp = s.graph_needed_sizes()
-        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i), needed_pp[i], needed_tg[i])
-                        for i, be in enumerate(s.backends))
-        self.warnings += warnings
-        ev = ReserveEvent(
-            index=len(self.events), decision=decision, reasons=tuple(reasons), params=self.sched_params_req,
-            previous=prev, trigger=trigger,
-            timings_ms={"sched_new": (t_new - t0) * 1e3, "probes": (t_probe - t_new) * 1e3,
-                        "reserve": (t_end - t_probe) * 1e3, "total": (t_end - t0) * 1e3},
-            host_metadata_bytes=host_bytes,
-            saved_host_metadata_bytes=host_metadata_bytes(params.max_nodes, s.n_backends, s.n_copies) if reused else 0,
-            hash_size=s.hash_size, split_capacities=s.split_capacities, buffers=buffers,
+        timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
+                   "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
+        return self._record(
+            r, trigger, needed_tg, timings,
             kv_bytes=self.kv_buffers_bytes, model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
-            n_copies=s.n_copies, pipeline_parallel=self.pipeline_parallel, warnings=tuple(warnings), plan=s.plan(),
-            kept_buffers=kept if reused else {}, kept_hash_size=kept_hash if reused else 0,
-            kept_split_capacities=tuple(c for c in kept_caps if c > 30) if reused else (),
-            n_backends=s.n_backends,
-        )
-        self.events.append(ev)
-        return ev
-
-    def _alloc_failure(self) -> str:
-        s = self.scheduler
-        w = s.warnings[-1] if s.warnings else "a compute buffer exceeds its device budget"
-        limits = [f"{b.name} budget {b.alloc_limit} B" for b in dict.fromkeys(s.bufts) if b.alloc_limit is not None]
-        return w + (f" ({', '.join(limits)})" if limits else "")
+            pipeline_parallel=self.pipeline_parallel)
 
     def _resolve_flash_attn(self, n_seqs: int, warnings: list[str]) -> None:
         """-fa auto: FA stays on when every FLASH_ATTN_EXT runs on its layer's KV device."""
@@ -434,9 +397,7 @@ class Context:
                 failed.free()
             if self.scheduler is not None and old_sizes is not None and self.scheduler.buffer_sizes() != old_sizes:
                 self._restore_buffers()
-            cur = self.sched_params_cur or SchedParams(0, False, False)
-            req = self.sched_params_req or cur
-            self.events.append(ReserveEvent(len(self.events), "error", (), req, cur, trigger, error=str(e)))
+            self._record_error(trigger, e)
             if isinstance(e, ValueError):
                 raise
             raise ValueError(str(e)) from e
@@ -496,17 +457,3 @@ class Context:
 
 class _AllocFailed(ValueError):
     """A reserve could not allocate its compute buffers (llama.cpp throws from the constructor)."""
-
-
-def _reasons(prev: SchedParams | None, params: SchedParams, reused: bool) -> list[Reason]:
-    """Why the scheduler was rebuilt (the fields can_reuse rejected), or what reuse relied on."""
-    if prev is None:
-        return [Reason("scheduler", None, "new")]
-    out: list[Reason] = []
-    if params.parallel != prev.parallel:
-        out.append(Reason("parallel", prev.parallel, params.parallel))
-    if params.op_offload != prev.op_offload:
-        out.append(Reason("op_offload", prev.op_offload, params.op_offload))
-    if params.max_nodes > prev.max_nodes or (reused and params.max_nodes != prev.max_nodes):
-        out.append(Reason("max_nodes", prev.max_nodes, params.max_nodes))
-    return out

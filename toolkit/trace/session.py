@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolkit.backend import Backend
-from toolkit.context import BufferSize, Decision, Reason, ReserveEvent, SchedParams, _reasons
+from toolkit.context import Reason, ReserveEvent, SchedParams, SchedulerOwner
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
-from toolkit.sched import Scheduler, hash_size, host_metadata_bytes
+from toolkit.sched import hash_size
 
 if TYPE_CHECKING:
     from toolkit.trace.api import Traced, TracedGraph
@@ -92,7 +92,7 @@ def describe_backends(backends: Sequence[Backend]) -> tuple[str, float | None]:
     return ",".join(b.name for b in backends), None
 
 
-class TracedContext:
+class TracedContext(SchedulerOwner):
     """A traced function's scheduler side: ``sched_new`` (reuse, §8), ``sched_reserve``, events.
 
     ``devices`` is a backend list, a picker spec (``"cpu"``, ``"sim:2"``) or device specs
@@ -107,7 +107,6 @@ class TracedContext:
                  parallel: bool = False, op_offload: bool = True, pins: dict[str, int] | None = None,
                  planner: str = "ggml", args: Sequence[Any] | None = None, params: Any = None) -> None:
         self.traced = traced
-        self.planner = planner
         self.pins = dict(pins or {})
         self.args = tuple(args) if args is not None else tuple(getattr(traced, "example_args", ()))
         self.params = params
@@ -121,11 +120,7 @@ class TracedContext:
         backends = traced.backends if devices is None else self._backends(devices)
         assert backends is not None
         traced.place(backends, placement)
-        self.scheduler: Any = None
-        self.sched_params_cur: SchedParams | None = None   # what the scheduler was built with
-        self.sched_params_req: SchedParams | None = None   # what the last reserve asked for
-        self.events: list[ReserveEvent] = []
-        self.warnings: list[str] = []
+        self._init_owner(planner)
         self._schedule: tuple[int, Schedule] | None = None
         self.sched_reserve(trigger=f"traced {self.name}")
 
@@ -147,14 +142,6 @@ class TracedContext:
     def n_copies(self) -> int:
         return int(self.scheduler.n_copies)
 
-    def compute_buffers_bytes(self) -> dict[str, int]:
-        """``get_buffer_size`` per backend by buft name, zero-sized buffers included."""
-        out: dict[str, int] = {}
-        for i in range(self.scheduler.n_backends):
-            name = self.scheduler.bufts[i].name
-            out[name] = out.get(name, 0) + self.scheduler.buffer_size(i)
-        return out
-
     def weight_bytes(self) -> dict[str, int]:
         """The parameters' WEIGHTS buffers by buft name."""
         out: dict[str, int] = {}
@@ -164,19 +151,6 @@ class TracedContext:
 
     def max_nodes(self) -> int:
         return self.max_nodes_override or auto_max_nodes(self.n_nodes, self.n_leafs)
-
-    # ---- the seed (#32009) ---------------------------------------------------------------------
-    def sched_new(self, params: SchedParams) -> bool:
-        """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
-        if self.scheduler is not None and self.sched_params_cur is not None \
-                and params.can_reuse(self.sched_params_cur):
-            return True
-        if self.scheduler is not None:
-            self.scheduler.free()  # the old scheduler's compute buffers go with it (budgets freed)
-        self.scheduler = Scheduler(self.backends, None, params.max_nodes, params.parallel, params.op_offload,
-                                   self.planner)
-        self.sched_params_cur = params
-        return False
 
     def build(self) -> TracedGraph:
         """A fresh build (the scheduler rewrites a graph's srcs when it splits it, §3), pins applied."""
@@ -199,9 +173,7 @@ class TracedContext:
 
     def _precheck(self, params: SchedParams) -> None:
         """Refuse a max_nodes whose hash set cannot hold the graph before touching the scheduler."""
-        reuse = self.scheduler is not None and self.sched_params_cur is not None \
-            and params.can_reuse(self.sched_params_cur)
-        h = self.scheduler.hash_size if reuse else hash_size(params.max_nodes)
+        h = self.hash_capacity_for(params)
         n = self.n_nodes + self.n_leafs
         if n > h:
             raise ValueError(
@@ -213,62 +185,27 @@ class TracedContext:
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
         """sched_new, then reserve the traced graph; without room for pipeline parallelism, retry
         without it (llama.cpp's fallback, §7.5)."""
-        t0 = time.perf_counter()
         params = SchedParams(self.max_nodes(), self.parallel, self.op_offload)
         self._precheck(params)
-        prev, old = self.sched_params_cur, self.scheduler
-        kept = {old.bufts[i].name: old.buffer_size(i) for i in range(old.n_backends)} if old is not None else {}
-        kept_hash, kept_caps = (old.hash_size, old.split_capacities) if old is not None else (0, ())
-        reused = self.sched_new(params)
-        self.sched_params_req = params
-        t_new = time.perf_counter()
-        reasons = list(extra_reasons) + _reasons(prev, params, reused)
-        decision: Decision = "reused" if reused else "rebuilt"
-        warnings: list[str] = []
-        host_bytes = 0 if reused else self.scheduler.host_metadata_bytes
+        r = self._begin_reserve(params, extra_reasons)
         tg = self.build()
         ok = self.scheduler.reserve(tg.graph)
         if not ok and self.parallel:
-            warnings.append("compute buffer allocation failed, retrying without pipeline parallelism")
             self.parallel = False
-            decision = "fallback"
-            reasons.append(Reason("parallel", True, False))
-            self.sched_params_req = SchedParams(params.max_nodes, False, params.op_offload)
-            self.sched_new(self.sched_params_req)
-            host_bytes += self.scheduler.host_metadata_bytes
+            self._fall_back(r)
             tg = self.build()
             ok = self.scheduler.reserve(tg.graph)
         if not ok:
             raise ValueError(f"failed to allocate compute buffers: {self._alloc_failure()}")
         t_end = time.perf_counter()
         s = self.scheduler
-        needed = s.graph_needed_sizes()
-        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i), needed[i], needed[i])
-                        for i, be in enumerate(s.backends))
-        self.warnings += warnings
-        ev = ReserveEvent(
-            index=len(self.events), decision=decision, reasons=tuple(reasons), params=self.sched_params_req,
-            previous=prev, trigger=trigger,
-            timings_ms={"sched_new": (t_new - t0) * 1e3, "reserve": (t_end - t_new) * 1e3,
-                        "total": (t_end - t0) * 1e3},
-            host_metadata_bytes=host_bytes,
-            saved_host_metadata_bytes=host_metadata_bytes(params.max_nodes, s.n_backends, s.n_copies) if reused else 0,
-            hash_size=s.hash_size, split_capacities=s.split_capacities, buffers=buffers,
-            model_bytes=self.weight_bytes(), n_nodes_pp=tg.graph.n_nodes, n_nodes_tg=tg.graph.n_nodes,
-            n_splits_pp=s.n_splits, n_splits_tg=s.n_splits, n_copies=s.n_copies, pipeline_parallel=self.parallel,
-            warnings=tuple(warnings), plan=s.plan(),
-            kept_buffers=kept if reused else {}, kept_hash_size=kept_hash if reused else 0,
-            kept_split_capacities=tuple(c for c in kept_caps if c > 30) if reused else (),
-            n_backends=s.n_backends,
-        )
-        self.events.append(ev)
-        return ev
-
-    def _alloc_failure(self) -> str:
-        s = self.scheduler
-        w = s.warnings[-1] if s.warnings else "a compute buffer exceeds its device budget"
-        limits = [f"{b.name} budget {b.alloc_limit} B" for b in dict.fromkeys(s.bufts) if b.alloc_limit is not None]
-        return w + (f" ({', '.join(limits)})" if limits else "")
+        # one graph: the pp and tg fields carry the same numbers
+        timings = {"sched_new": (r.t_new - r.t0) * 1e3, "reserve": (t_end - r.t_new) * 1e3,
+                   "total": (t_end - r.t0) * 1e3}
+        return self._record(
+            r, trigger, s.graph_needed_sizes(), timings, model_bytes=self.weight_bytes(),
+            n_nodes_pp=tg.graph.n_nodes, n_nodes_tg=tg.graph.n_nodes, n_splits_pp=s.n_splits, n_splits_tg=s.n_splits,
+            pipeline_parallel=self.parallel)
 
     # ---- changes -------------------------------------------------------------------------------
     def update(self, **changes: Any) -> ReserveEvent:
@@ -323,9 +260,7 @@ class TracedContext:
                 # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch
                 self.scheduler.free()
                 self.scheduler.reserve(self.build().graph)
-            cur = self.sched_params_cur or SchedParams(0, False, False)
-            req = self.sched_params_req or cur
-            self.events.append(ReserveEvent(len(self.events), "error", (), req, cur, trigger, error=str(e)))
+            self._record_error(trigger, e)
             if isinstance(e, ValueError):
                 raise
             raise ValueError(str(e)) from e
