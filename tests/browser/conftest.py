@@ -64,6 +64,20 @@ class LabServer:
     def page_url(self, path: str) -> str:
         return f"{self.url}/lab/tree/{path}?token={self.token}"
 
+    def shutdown_sessions(self) -> None:
+        """End every kernel session, so a notebook opened next starts a fresh kernel (widget models
+        of an earlier run would otherwise be restored into the new page)."""
+        import urllib.request
+
+        def call(method: str, path: str) -> bytes:
+            req = urllib.request.Request(f"{self.url}{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return bytes(r.read())
+
+        for sess in json.loads(call("GET", "/api/sessions")):
+            call("DELETE", f"/api/sessions/{sess['id']}")
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -89,6 +103,9 @@ def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -
     settings.mkdir()
     (settings / "overrides.json").write_text(json.dumps({
         "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+        # render every cell: JupyterLab's windowing empties the prompts of cells scrolled out of
+        # view, which the Run All loop below reads
+        "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
     }))
     env = dict(os.environ)
     for var, sub in [
@@ -217,6 +234,7 @@ def run_notebook(
             result.screenshots.append(path)
 
         try:
+            jupyter_lab.shutdown_sessions()
             page.goto(jupyter_lab.page_url(name), timeout=timeout_s * 1000)
             _wait_kernel_idle(page, timeout_s)
             shot("opened")
