@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from toolkit.errors import ToolkitError
 from toolkit.ggml.tensor import Op, Tensor, TensorFlag
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 
 
-class GraphFull(ValueError):
+class GraphFull(ToolkitError):
     """More nodes (or leafs) than the graph's capacity (ggml asserts ``n_nodes < size``)."""
 
 

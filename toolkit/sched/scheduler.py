@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from toolkit.backend.buft import BufferType
 from toolkit.backend.device import Backend
+from toolkit.errors import ToolkitError
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE, Graph
 from toolkit.ggml.tensor import Tensor
 from toolkit.sched.gallocr import GraphAllocator
@@ -63,7 +64,7 @@ def _paused_gc(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-class GraphTooLarge(ValueError):
+class GraphTooLarge(ToolkitError):
     """The graph does not fit the scheduler's hash set (ggml asserts ``H >= n_nodes + n_leafs``)."""
 
     def __init__(self, n_nodes: int, n_leafs: int, capacity: int, max_nodes: int) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from toolkit.errors import ToolkitError
 
-class UnsupportedPrimitive(ValueError):
+
+class UnsupportedPrimitive(ToolkitError):
     """A jaxpr equation the tracer cannot turn into graph nodes (or run).
 
     ``primitive`` is the primitive's name, ``where`` the equation path ("equation 3 >
