@@ -12,7 +12,7 @@ limit for input llama.cpp would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -55,6 +55,11 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
+    # -ot / --cpu-moe / --n-cpu-moe, in argument order: (tensor-name regex, buffer type name) pairs,
+    # first match wins (common_params.tensor_buft_overrides); planning refuses them until implemented
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    # --swa-full: a full-size SWA cache (llama_kv_cache_iswa); refused until iSWA models are planned
+    swa_full: bool = False
 
     def __post_init__(self) -> None:
         for f in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
@@ -79,6 +84,8 @@ class ContextParams:
         object.__setattr__(self, "devices", tuple(self.devices))
         if self.n_outputs_max is not None and self.n_outputs_max < 1:
             raise ValueError(f"n_outputs_max={self.n_outputs_max} must be >= 1")
+        ot = tuple((str(p), str(b)) for p, b in self.tensor_overrides)
+        object.__setattr__(self, "tensor_overrides", ot)
 
     def replace(self, **changes: Any) -> ContextParams:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -113,8 +120,12 @@ class ContextParams:
     # ---- the oracle's cases.json schema ------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ContextParams:
-        """From a case's ``cparams`` (requested values; ``rpc_servers`` become RPC devices)."""
-        args = [str(a) for a in d.get("cli_args", ())]
+        """From a case's ``cparams``: its ``cli_args`` through llama.cpp's flag grammar
+        (:func:`toolkit.models.args.parse_args`, with the case's ``env``) when present, else the
+        requested values (``rpc_servers`` become RPC devices)."""
+        if d.get("cli_args"):
+            from toolkit.models.args import parse_args
+            return parse_args([str(a) for a in d["cli_args"]], env=d.get("env") or {}).context_params()
         ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
         split = str(d.get("split_mode", "layer")).split()[0]
         ts = d.get("tensor_split")
@@ -122,10 +133,8 @@ class ContextParams:
             ts = tuple(float(x) for x in ts.replace("/", ",").split(",") if x.strip())
         devices: list[str] = [f"rpc:{ep}" for ep in d.get("rpc_servers", ())]
         devices += [str(x) for x in d.get("extra_devices", ())]
-        use_mmap = bool(d.get("use_mmap", True))
-        load_mode = str(d.get("load_mode") or _arg(args, ("-lm", "--load-mode")) or "mmap").lower()
-        if "--no-mmap" in args or load_mode in ("none", "no_mmap", "read"):
-            use_mmap = False
+        load_mode = str(d.get("load_mode") or "mmap").lower()
+        use_mmap = bool(d.get("use_mmap", True)) and load_mode not in ("none", "no_mmap", "read")
         return cls(
             n_ctx=int(d.get("n_ctx", 4096)), n_batch=int(d.get("n_batch", 2048)),
             n_ubatch=int(d.get("n_ubatch", 512)), n_seq_max=int(d.get("n_seq_max", 1)),
@@ -137,20 +146,16 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            tensor_overrides=tuple(tuple(x) for x in d.get("tensor_overrides", ())),  # type: ignore[misc]
+            swa_full=bool(d.get("swa_full", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["tensor_split"] = list(self.tensor_split) if self.tensor_split else None
         out["devices"] = list(self.devices)
+        out["tensor_overrides"] = [list(x) for x in self.tensor_overrides]
         return out
-
-
-def _arg(args: Sequence[str], names: tuple[str, ...]) -> str | None:
-    for i, a in enumerate(args[:-1]):
-        if a in names:
-            return args[i + 1]
-    return None
 
 
 @dataclass(frozen=True)

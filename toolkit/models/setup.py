@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
+from toolkit.errors import UnsupportedFeature
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, make_devices
 from toolkit.models.hparams import LlamaHParams
@@ -92,6 +93,11 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
+    if cp.tensor_overrides:
+        # -ot / --cpu-moe / --n-cpu-moe: llama_model_loader's buft overrides are not placed yet
+        pats = ",".join(f"{p}={b}" for p, b in cp.tensor_overrides)
+        raise UnsupportedFeature("tensor_overrides", f"tensor buffer overrides (-ot/--cpu-moe/--n-cpu-moe: {pats}) "
+                                 "are not implemented for planning yet")
     rp = cp.resolve(hp.n_ctx_train)
     if devs is None:
         devs = make_devices(cp.devices, split_mode=cp.split_mode, main_gpu=cp.main_gpu) if backends is None \
