@@ -1,0 +1,823 @@
+"""Will it fit? llama.cpp's memory fitting (``common/fit.cpp``) over the exact predictor.
+
+:func:`fit_params` re-implements ``common_fit_params`` → ``common_params_fit_impl`` step by step.
+Each probe is :func:`probe` (``common_get_device_memory_data_impl``): a :class:`~toolkit.context.Context`
+created with the probe's parameters, no memory-mapped weights (``LLAMA_LOAD_MODE_NONE``), read as
+``llama_get_memory_breakdown`` with the compute buffers of the first pp reserve only (what
+``ggml_backend_sched_reserve_size`` reports under ``no_alloc``).
+
+1. If every device keeps its margin (``--fit-target``), nothing changes.
+2. An unset context (``-c 0``) is shrunk by linear interpolation between ``--fit-ctx`` and the
+   training context, rounded down to a multiple of 256 · n_streams.
+3. A user ``-ngl``, ``-ts`` (several devices), ``-sm row`` or ``-ot`` stops here (the context
+   reduction stays, because llama.cpp edits the parameters in place).
+4. Layers are filled onto the devices from the last one backwards, with a false-position search
+   on the layer count per device.
+5. Mixture-of-experts models: experts go to the CPU first, then full layers come back front to
+   back, with partial-layer overflow patterns (``ATTN``/``UP``/``GATE``/``MOE``).
+
+The result (:class:`FitResult`) is plain frozen data: every probe with its parameters and memory
+per device, the chosen ``-c/-ngl/-ts/-ot``, llama.cpp's log lines, the printed command line of
+``llama-fit-params`` and, beyond llama.cpp, :func:`real_run`: the fitted parameters planned with
+the full reserve sequence (pp → tg → pp, with the pipeline-parallel fallback) next to the
+estimate, per device. ``exact=True`` runs the same search on those full-reserve sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit.errors import ParameterError, ToolkitError
+from toolkit.memory import Breakdown, DeviceMemory, MemoryRow, MiB, breakdown, breakdown_table
+from toolkit.models.args import N_GPU_LAYERS_AUTO, LlamaArgs, fit_targets_bytes
+from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
+from toolkit.models.devices import make_devices, parse_bytes
+from toolkit.models.hparams import LlamaHParams
+
+# common_layer_fraction_t: which part of the first partial layer of a device overflows
+LAYER_FRACTION_NONE, LAYER_FRACTION_ATTN, LAYER_FRACTION_UP, LAYER_FRACTION_GATE, LAYER_FRACTION_MOE = range(5)
+_FRACTION_NAMES = {LAYER_FRACTION_ATTN: "ATTN", LAYER_FRACTION_UP: "UP", LAYER_FRACTION_GATE: "GATE",
+                   LAYER_FRACTION_MOE: "MOE"}
+# common_params_fit_impl: the override that sends every expert tensor to system memory
+PATTERN_MOE_ALL = "blk\\.\\d+\\.ffn_(up|down|gate_up|gate)_(ch|)exps"
+MAX_OVERFLOW_LAYERS = 1000       # get_overflow_pattern keeps at most this many patterns per kind
+MAX_TENSOR_BUFT_OVERRIDES = 4096  # llama_max_tensor_buft_overrides()
+FIT_PREFIX = "common_params_fit_impl: "
+
+
+def overflow_pattern(il: int, fraction: int) -> str:
+    """``get_overflow_pattern``: the tensors of layer ``il`` that leave the device for ``fraction``.
+
+    ATTN also matches the router ``ffn_gate_inp``, and ``il`` may be ``n_layer`` (matches nothing).
+    """
+    if il >= MAX_OVERFLOW_LAYERS:
+        raise ToolkitError(f"at most {MAX_OVERFLOW_LAYERS} model layers are supported")
+    if fraction == LAYER_FRACTION_ATTN:
+        return f"blk\\.{il}\\.ffn_(gate|up|gate_up|down).*"
+    if fraction == LAYER_FRACTION_UP:
+        return f"blk\\.{il}\\.ffn_(gate|gate_up|down).*"
+    if fraction == LAYER_FRACTION_GATE:
+        return f"blk\\.{il}\\.ffn_down.*"
+    if fraction == LAYER_FRACTION_MOE:
+        return f"blk\\.{il}\\.ffn_(up|down|gate_up|gate)_(ch|)exps"
+    raise ValueError(f"layer fraction {fraction} has no overflow pattern")
+
+
+class FitImpossible(ToolkitError):
+    """The model does not fit even with the smallest context and every layer on the CPU.
+
+    ``missing_mib`` maps each device (and ``Host`` when the host was compared) to the MiB missing.
+    """
+
+    def __init__(self, missing_mib: dict[str, int], detail: str = "") -> None:
+        self.missing_mib = dict(missing_mib)
+        parts = ", ".join(f"{k}: {v} MiB" for k, v in self.missing_mib.items())
+        super().__init__(f"the model does not fit the free memory; missing {parts}" + (f" ({detail})" if detail else ""))
+
+
+class _FitAbort(Exception):
+    """common_params_fit_exception: fitting stops, the parameters stay as far as they got."""
+
+
+# ---- one probe -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeParams:
+    """The model and context parameters one probe is created with."""
+
+    n_ctx: int
+    n_gpu_layers: int                      # llama.cpp's encoding: -1 auto (every layer)
+    tensor_split: tuple[float, ...] | None
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """``common_get_device_memory_data_impl``: one no-alloc context and its memory per device."""
+
+    params: ProbeParams
+    breakdown: Breakdown
+    compute_bytes: tuple[tuple[str, int], ...]     # per backend buft (pp reserve only unless exact)
+    kv_bytes: tuple[tuple[str, int], ...]
+    n_copies: int
+    table: tuple[str, ...]                         # common_memory_breakdown_print lines
+
+    def used(self, i: int) -> int:
+        return self.breakdown.used(i)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_ctx": self.params.n_ctx, "n_gpu_layers": self.params.n_gpu_layers,
+            "tensor_split": list(self.params.tensor_split) if self.params.tensor_split else None,
+            "tensor_overrides": [list(x) for x in self.params.tensor_overrides],
+            "devices": [{"model": r.model, "context": r.context, "compute": r.compute} for r in self.breakdown.devices],
+            "host": {"model": self.breakdown.host.model, "context": self.breakdown.host.context,
+                     "compute": self.breakdown.host.compute},
+            "compute_buffer": [{"buft": b, "bytes": n} for b, n in self.compute_bytes],
+            "kv": [{"buft": b, "bytes": n} for b, n in self.kv_bytes], "n_copies": self.n_copies,
+        }
+
+
+def strip_budget(spec: str) -> str:
+    """A device spec without its memory budget (a probe never fails an allocation)."""
+    kind, _, arg = spec.partition(":")
+    return spec if kind.lower() == "rpc" else kind
+
+
+def default_split(cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[float, ...] | None:
+    """``llama_model::load_tensors``: without a user split, layers are split by each device's free memory."""
+    if cp.tensor_split is not None and any(cp.tensor_split):
+        return cp.tensor_split
+    if len(memory) < 2:
+        return cp.tensor_split
+    return tuple(float(m.free) for m in memory)
+
+
+def context_breakdown(ctx: Any, *, exact: bool = False) -> tuple[Breakdown, tuple[tuple[str, int], ...]]:
+    """A context's ``llama_get_memory_breakdown`` rows: compute from the first pp reserve
+    (``backend_buf_exp_size`` under ``no_alloc``) or, with ``exact``, the allocated buffers."""
+    devs = ctx.setup.devices
+    ev = ctx.events[-1]
+    compute: dict[str, int] = {}
+    for b in ev.buffers:
+        compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed_pp)
+    host = {devs.cpu_buft.name, devs.cpu.buft.name, "CPU_Mapped"}
+    host |= {g.host_buft.name for g in devs.gpus if g.host_buft is not None}
+    host |= {a.buft.name for a in devs.accels if a.buft.is_host}
+    bd = breakdown(ctx.model_buffers_bytes, ctx.kv_buffers_bytes, compute, [g.buft.name for g in devs.gpus],
+                   sorted(host))
+    return bd, tuple(compute.items())
+
+
+def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
+    """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights."""
+    from toolkit.context import Context  # the context layer sits above models
+    pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
+                     tensor_split=default_split(cp, memory))
+    ctx = Context(hp, pcp)
+    bd, comp = context_breakdown(ctx, exact=exact)
+    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split, cp.tensor_overrides)
+    return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
+                 tuple(breakdown_table(bd, memory)))
+
+
+# ---- device memory -------------------------------------------------------------------------------
+
+def device_memory(args: LlamaArgs, memory: Sequence[int] | Sequence[tuple[int, int]] | None = None
+                  ) -> list[DeviceMemory]:
+    """Free/total memory of the model devices: ``memory`` (bytes, or (free, total) pairs) when given,
+    else each device string's budget (``sim:24G``, ``cuda:24G``). An RPC server has no budget in its
+    string: give its memory explicitly (``--device-memory``)."""
+    cp = args.context_params()
+    ds = make_devices(tuple(strip_budget(s) for s in cp.devices), split_mode=cp.split_mode, main_gpu=cp.main_gpu)
+    specs = list(_expanded(cp.devices))
+    if cp.split_mode == "none" and specs:
+        specs = [specs[cp.main_gpu]]
+    out: list[DeviceMemory] = []
+    for i, (name, be) in enumerate(zip(ds.gpu_names, ds.gpus)):
+        kind, arg = specs[i]
+        desc = arg if kind == "rpc" else be.profile.description
+        if memory is not None and i < len(memory):
+            m = memory[i]
+            free, total = (m, m) if isinstance(m, int) else (int(m[0]), int(m[1]))
+        elif kind != "rpc" and arg:
+            free = total = parse_bytes(arg)
+        else:
+            raise ParameterError("--device-memory", None, f"the free memory of {name} ({desc}): a device string "
+                                 "with a size such as cuda:24G, or --device-memory BYTES[,BYTES...]")
+        out.append(DeviceMemory(name, desc, free, total))
+    return out
+
+
+def _expanded(specs: Sequence[str]) -> list[tuple[str, str]]:
+    from toolkit.models.devices import RPC_BASE_PORT
+    out: list[tuple[str, str]] = []
+    for s in specs:
+        kind, _, arg = s.partition(":")
+        kind = kind.lower()
+        if kind in ("cpu", "blas"):
+            continue
+        if kind == "rpc" and arg.isdigit():
+            out += [("rpc", f"127.0.0.1:{RPC_BASE_PORT + i}") for i in range(int(arg))]
+        elif kind == "rpc" and not arg:
+            out.append(("rpc", f"127.0.0.1:{RPC_BASE_PORT}"))
+        else:
+            out.append((kind, arg))
+    return out
+
+
+# ---- the result ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fitted:
+    """The parameters fit chose (``-c``, ``-ngl`` with -1 = unchanged, ``-ts`` per device, ``-ot``)."""
+
+    c: int
+    ngl: int
+    ts: tuple[int, ...] | None
+    ot: tuple[tuple[str, str], ...]
+
+    def printed(self) -> str:
+        """The line ``llama-fit-params`` prints: trailing zero split entries dropped, ``-ts`` only
+        with more than one entry left, ``-ot`` quoted."""
+        s = f"-c {self.c} -ngl {self.ngl}"
+        ts = list(self.ts or ())
+        while len(ts) > 1 and ts[-1] == 0:
+            ts.pop()
+        if len(ts) > 1:
+            s += " -ts " + ",".join(str(int(x)) for x in ts)
+        if self.ot:
+            s += ' -ot "' + ",".join(f"{p}={b}" for p, b in self.ot) + '"'
+        return s
+
+    def as_printed(self) -> Fitted:
+        """What a program given the printed line runs with (the dropped split entries are gone)."""
+        ts = list(self.ts or ())
+        while len(ts) > 1 and ts[-1] == 0:
+            ts.pop()
+        return Fitted(self.c, self.ngl, tuple(ts) if len(ts) > 1 else None, self.ot)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"c": self.c, "ngl": self.ngl, "ts": list(self.ts) if self.ts else None,
+                "ot": ",".join(f"{p}={b}" for p, b in self.ot) if self.ot else None}
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Everything one ``common_fit_params`` call did and decided."""
+
+    status: str                                  # "success", "failure" (fit refused or gave up)
+    fitted: Fitted                               # the parameters as fit left them in process
+    probes: tuple[Probe, ...]
+    log_lines: tuple[str, ...]
+    memory: tuple[DeviceMemory, ...]
+    targets: tuple[int, ...]                     # margin per device, bytes
+    error: str = ""
+    seconds: float = 0.0
+    exact: bool = False
+    used: tuple[int, ...] = ()                   # projected bytes per device for the fitted params
+
+    @property
+    def printed(self) -> str:
+        """``llama-fit-params``'s stdout line (empty when it exits with 1)."""
+        return self.fitted.printed() if self.status == "success" else ""
+
+    @property
+    def printed_differs(self) -> bool:
+        """True when the printed line runs with another split than fit decided in process."""
+        return self.status == "success" and self.fitted.as_printed().ts != self.fitted.ts
+
+    def missing_mib(self) -> dict[str, int]:
+        """MiB each device lacks to keep its margin with the fitted parameters (only short devices)."""
+        out: dict[str, int] = {}
+        for m, used, t in zip(self.memory, self.used, self.targets):
+            short = used - (m.free - t)
+            if short > 0:
+                out[m.name] = -(-short // MiB)
+        return out
+
+    def check(self) -> FitResult:
+        """Raise :class:`FitImpossible` when a device stays short of its margin; else return self."""
+        missing = self.missing_mib()
+        if missing or self.status != "success":
+            raise FitImpossible(missing, self.error)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "printed": self.printed, "fitted": self.fitted.to_dict(),
+            "printed_differs": self.printed_differs, "probes": [p.to_dict() for p in self.probes],
+            "log_lines": list(self.log_lines), "error": self.error, "exact": self.exact,
+            "devices": [{"name": m.name, "description": m.description, "free": m.free, "total": m.total,
+                         "target": t, "used": u} for m, t, u in zip(self.memory, self.targets, self.used)],
+            "missing_mib": self.missing_mib(),
+        }
+
+
+# ---- common_params_fit_impl ------------------------------------------------------------------------
+
+@dataclass
+class _Ngl:
+    """``ngl_t``: layers on one device, how many of them partial, and the first one's overflow."""
+
+    n_layer: int = 0
+    n_part: int = 0
+    overflow_type: int = LAYER_FRACTION_MOE
+
+    @property
+    def n_full(self) -> int:
+        return self.n_layer - self.n_part
+
+    def copy(self) -> _Ngl:
+        return _Ngl(self.n_layer, self.n_part, self.overflow_type)
+
+
+@dataclass
+class _Fit:
+    hp: LlamaHParams
+    args: LlamaArgs
+    memory: list[DeviceMemory]
+    margins: list[int]
+    n_ctx_min: int
+    exact: bool
+    log: list[str] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
+    # the parameters as common_params_fit_impl edits them in place
+    n_ctx: int = 0
+    ngl: int = N_GPU_LAYERS_AUTO
+    ts: tuple[float, ...] | None = None
+    ot: tuple[tuple[str, str], ...] = ()
+    used_final: list[int] = field(default_factory=list)
+
+    def trc(self, text: str) -> None:
+        self.log.append(FIT_PREFIX + text)
+
+    @property
+    def nd(self) -> int:
+        return len(self.memory)
+
+    @property
+    def dev_names(self) -> list[str]:
+        names = [f"{m.name} ({m.description})" for m in self.memory]
+        w = max((len(n) for n in names), default=0)
+        return [n.ljust(w) for n in names]
+
+    def measure(self, *, n_ctx: int | None = None, ngl: int | None = None, ts: tuple[float, ...] | None | str = "cur",
+                ot: tuple[tuple[str, str], ...] | None = None) -> Probe:
+        n_ctx = self.n_ctx if n_ctx is None else n_ctx
+        ngl = self.ngl if ngl is None else ngl
+        tsv = self.ts if isinstance(ts, str) else ts
+        otv = self.ot if ot is None else ot
+        cp = self.args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if ngl < 0 else ngl,
+                                      tensor_split=tsv, tensor_overrides=otv)
+        p = probe(self.hp, cp, self.memory, exact=self.exact)
+        p = Probe(ProbeParams(n_ctx, ngl, tsv, otv), p.breakdown, p.compute_bytes, p.kv_bytes, p.n_copies, p.table)
+        self.probes.append(p)
+        self.log += ["common_memory_breakdown_print: " + line for line in p.table]
+        return p
+
+    # set_ngl_tensor_split_tbo
+    def placement(self, per_dev: list[_Ngl], overflow_bufts: list[str]
+                  ) -> tuple[int, tuple[float, ...] | None, tuple[tuple[str, str], ...]]:
+        hp_ngl = self.hp.n_layer
+        ngl = sum(n.n_layer for n in per_dev)
+        ts = tuple(float(n.n_layer) for n in per_dev) if self.nd > 1 else self.ts
+        il0 = hp_ngl + 1 - ngl
+        ot: list[tuple[str, str]] = []
+        for d, n in enumerate(per_dev):
+            il0 += n.n_full
+            for il in range(il0, il0 + n.n_part):
+                if len(ot) + 1 >= MAX_TENSOR_BUFT_OVERRIDES:
+                    raise _FitAbort(f"llama_max_tensor_buft_overrides() == {MAX_TENSOR_BUFT_OVERRIDES} is insufficient "
+                                    "for model")
+                first = il == il0
+                ot.append((overflow_pattern(il, n.overflow_type if first else LAYER_FRACTION_MOE),
+                           overflow_bufts[d] if first else "CPU"))
+            il0 += n.n_part
+        return ngl, ts, tuple(ot)
+
+    # get_memory_for_layers
+    def memory_for_layers(self, per_dev: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
+        ngl, ts, ot = self.placement(per_dev, overflow_bufts)
+        p = self.measure(ngl=ngl, ts=ts, ot=ot)
+        self.trc("memory for test allocation by device:")
+        for d, n in enumerate(per_dev):
+            self.trc(f"id={d}, n_layer={n.n_layer:2d}, n_part={n.n_part:2d}, overflow_type={n.overflow_type}, "
+                     f"mem={p.used(d) // MiB:6d} MiB")
+        return [p.used(d) for d in range(self.nd)]
+
+    def run(self) -> None:
+        args, nd = self.args, self.nd
+        if args.split_mode == "tensor":
+            raise _FitAbort("llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
+        self.ngl, self.ts, self.ot = args.n_gpu_layers, args.tensor_split, args.tensor_overrides
+        self.n_ctx = args.n_ctx
+        n_streams = 1 if args.kv_unified else max(1, args.n_parallel)
+        n_ctx_auto = args.n_ctx == 0
+        hp_nct, hp_ngl = self.hp.n_ctx_train, self.hp.n_layer
+        hp_nex = int(getattr(self.hp, "n_expert", 0) or 0)
+
+        # step 1: the initial parameters
+        self.trc("getting device memory data for initial parameters:")
+        full = self.measure()
+        n_ctx_max = min(hp_nct * n_streams, 2**32 - 1)
+        n_ctx_min_total = min(self.n_ctx_min * n_streams, 2**32 - 1)
+        if n_ctx_auto:
+            self.n_ctx = n_ctx_max
+            if n_streams > 1:
+                self.trc(f"context size unset and KV cache not unified -> using {n_ctx_max} for {n_streams} sequences:")
+                full = self.measure()
+        margins = self.margins
+        sum_free = sum_used = sum_proj_free = sum_model = 0
+        proj_free: list[int] = []
+        if nd == 0:
+            raise _FitAbort("fitting without model devices compares host memory, which the toolkit is not given")
+        if nd > 1:
+            self.trc("projected memory use with initial parameters [MiB]:")
+        names = self.dev_names
+        for d in range(nd):
+            used = full.used(d)
+            free = self.memory[d].free - used
+            proj_free.append(free)
+            sum_free += self.memory[d].free
+            sum_used += used
+            sum_proj_free += free
+            sum_model += full.breakdown.devices[d].model
+            if nd > 1:
+                self.trc(f"  - {names[d]}: {self.memory[d].total // MiB:6d} total, {used // MiB:6d} used, "
+                         f"{_cdiv(free, MiB):6d} free vs. target of {margins[d] // MiB:6d}")
+        self.trc(f"projected to use {sum_used // MiB} MiB of device memory vs. {sum_free // MiB} MiB of free device memory")
+        if nd == 1:
+            if proj_free[0] >= margins[0]:
+                self.trc(f"will leave {_cdiv(proj_free[0], MiB)} >= {margins[0] // MiB} MiB of free device memory, "
+                         "no changes needed")
+                self.used_final = [full.used(0)]
+                return
+        elif all(proj_free[d] >= margins[d] for d in range(nd)):
+            self.trc("targets for free memory can be met on all devices, no changes needed")
+            self.used_final = [full.used(d) for d in range(nd)]
+            return
+
+        # step 2: a smaller context
+        global_surplus = sum_proj_free - sum(margins)
+        if global_surplus < 0:
+            if nd <= 1:
+                self.trc(f"cannot meet free memory target of {margins[0] // MiB} MiB, need to reduce device memory by "
+                         f"{_cdiv(-global_surplus, MiB)} MiB")
+            else:
+                self.trc(f"cannot meet free memory targets on all devices, need to use {_cdiv(-global_surplus, MiB)} "
+                         "MiB less in total")
+            if n_ctx_auto:
+                if n_ctx_max > n_ctx_min_total:
+                    target = sum_free - sum(margins)
+                    if nd > 1:
+                        # whole layers (dense) or tensors (MoE) per device waste about half a layer each
+                        ngl_cap = min(DEFAULT_N_GPU_LAYERS if self.ngl < 0 else self.ngl, hp_ngl)
+                        model_per_layer = _cdiv(sum_model, max(1, ngl_cap))
+                        target -= (nd + 1) * model_per_layer // (2 if hp_nex == 0 else 6)
+                    self.n_ctx = n_ctx_min_total
+                    mn = self.measure()
+                    used_min = sum(mn.used(d) for d in range(nd))
+                    if target > used_min:
+                        self.n_ctx += _cdiv((n_ctx_max - n_ctx_min_total) * (target - used_min), sum_used - used_min)
+                        self.n_ctx &= 0xFFFFFFFF
+                        align = 256 * n_streams
+                        self.n_ctx = max(self.n_ctx - self.n_ctx % align, n_ctx_min_total)
+                        bytes_per_ctx = _cdiv(sum_used - used_min, n_ctx_max - n_ctx_min_total)
+                        reduction = (n_ctx_max - self.n_ctx) * bytes_per_ctx
+                        self.trc(f"context size reduced from {n_ctx_max} to {self.n_ctx} -> need "
+                                 f"{_cdiv(reduction, MiB)} MiB less memory in total")
+                        if nd <= 1:
+                            self.trc("entire model can be fit by reducing context")
+                            self.used_final = []
+                            return
+                        self.trc("entire model should be fit across devices by reducing context")
+                    else:
+                        self.trc(f"context size reduced from {n_ctx_max} to {self.n_ctx} -> need "
+                                 f"{_cdiv(sum_used - used_min, MiB)} MiB less memory in total")
+                else:
+                    self.trc(f"default model context size is {n_ctx_max} which is <= the min. context size of "
+                             f"{n_ctx_min_total} -> no change")
+            else:
+                self.trc(f"context size set by user to {self.n_ctx} -> no change")
+
+        # step 3: what the user fixed stops layer fitting
+        if self.ngl != N_GPU_LAYERS_AUTO:
+            raise _FitAbort(f"n_gpu_layers already set by user to {self.ngl}, abort")
+        if nd > 1:
+            if self.ts is not None and any(x != 0 for x in self.ts[:nd]):
+                raise _FitAbort("model_params::tensor_split already set by user, abort")
+            if args.split_mode == "row":
+                raise _FitAbort("changing weight allocation for LLAMA_SPLIT_MODE_ROW not implemented, abort")
+        if self.ot:
+            raise _FitAbort("model_params::tensor_buft_overrides already set by user, abort")
+        self.fill_layers(hp_ngl, hp_nex, full)
+
+    def fill_layers(self, hp_ngl: int, hp_nex: int, full: Probe) -> None:
+        nd, margins = self.nd, self.margins
+        surplus_cpu_moe = 0
+        if hp_nex > 0:
+            self.trc("getting device memory data with all MoE tensors moved to system memory:")
+            cm = self.measure(ot=((PATTERN_MOE_ALL, "CPU"),))
+            for d in range(nd):
+                surplus_cpu_moe += self.memory[d].free - cm.used(d) - margins[d]
+            if surplus_cpu_moe > 0:
+                self.trc(f"with only dense weights in device memory there is a total surplus of "
+                         f"{surplus_cpu_moe // MiB} MiB")
+            else:
+                self.trc(f"with only dense weights in device memory there is still a total deficit of "
+                         f"{_cdiv(-surplus_cpu_moe, MiB)} MiB")
+        targets = [self.memory[d].free - margins[d] for d in range(nd)]
+        for d in range(nd):
+            self.trc(f"id={d}, target={_cdiv(targets[d], MiB)} MiB")
+        overflow_bufts = ["CPU"] * nd
+        per_dev = [_Ngl() for _ in range(nd)]
+        mem = self.memory_for_layers(per_dev, overflow_bufts)
+        self.trc("filling dense layers back-to-front:" if hp_nex == 0 else "filling dense-only layers back-to-front:")
+        names = self.dev_names
+        for d in range(nd - 1, -1, -1):
+            n_unassigned = hp_ngl + 1 - sum(per_dev[j].n_layer for j in range(d + 1, nd))
+            high = [n.copy() for n in per_dev]
+            high[d].n_layer = n_unassigned
+            if hp_nex > 0:
+                high[d].n_part = high[d].n_layer if d < nd - 1 else high[d].n_layer - 1
+            if high[d].n_layer > 0:
+                mem_high = self.memory_for_layers(high, overflow_bufts)
+                if mem_high[d] > targets[d]:
+                    delta = high[d].n_layer - per_dev[d].n_layer
+                    self.trc(f"start filling device {d}, delta={delta}")
+                    while delta > 1:
+                        step = _false_position_step(delta, targets[d], mem[d], mem_high[d])
+                        test = [n.copy() for n in per_dev]
+                        test[d].n_layer += step
+                        if hp_nex:
+                            test[d].n_part += step - 1 if (d == nd - 1 and test[d].n_part == 0) else step
+                        mem_test = self.memory_for_layers(test, overflow_bufts)
+                        if mem_test[d] <= targets[d]:
+                            per_dev, mem = test, mem_test
+                            self.trc(f"set ngl_per_device[{d}].n_layer={per_dev[d].n_layer}")
+                        else:
+                            high, mem_high = test, mem_test
+                            self.trc(f"set ngl_per_device_high[{d}].n_layer={high[d].n_layer}")
+                        delta = high[d].n_layer - per_dev[d].n_layer
+                else:
+                    per_dev, mem = high, mem_high
+                    self.trc(f"set ngl_per_device[{d}].n_layer={per_dev[d].n_layer}")
+            margin = self.memory[d].free - mem[d]
+            self.trc(f"  - {names[d]}: {per_dev[d].n_layer:2d} layers, {mem[d] // MiB:6d} MiB used, "
+                     f"{_cdiv(margin, MiB):6d} MiB free")
+        if hp_nex == 0 or surplus_cpu_moe <= 0:
+            self.commit(per_dev, overflow_bufts, mem)
+            return
+        self.fill_moe(per_dev, overflow_bufts, mem, targets)
+
+    def fill_moe(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int], targets: list[int]) -> None:
+        """Step 4 of common_params_fit_impl: dense-only layers become full layers, front to back."""
+        nd = self.nd
+        names = self.dev_names
+        dev_bufts = self.device_bufts()
+        id_dense_start = nd
+        for d in range(nd - 1, -1, -1):
+            if per_dev[d].n_layer > 0:
+                id_dense_start = d
+                continue
+            break
+        self.trc("converting dense-only layers to full layers and filling them front-to-back with overflow to next "
+                 "device/system memory:")
+        d = 0
+        while d <= id_dense_start < nd:
+            high = [n.copy() for n in per_dev]
+            for j in range(id_dense_start, nd):
+                n_move = high[j].n_layer if j < nd - 1 else high[j].n_layer - 1
+                high[d].n_layer += n_move
+                high[j].n_layer -= n_move
+                high[j].n_part = 0
+            id_dense_start_high = nd - 1
+            mem_high = self.memory_for_layers(high, overflow_bufts)
+            if mem_high[d] > targets[d]:
+                delta = high[d].n_full - per_dev[d].n_full
+                while delta > 1:
+                    step = _false_position_step(delta, targets[d], mem[d], mem_high[d])
+                    test = [n.copy() for n in per_dev]
+                    ids_test = id_dense_start
+                    converted = 0
+                    while ids_test < nd:
+                        n_conv = min(step - converted, test[ids_test].n_part)
+                        test[ids_test].n_layer -= n_conv
+                        test[ids_test].n_part -= n_conv
+                        test[d].n_layer += n_conv
+                        converted += n_conv
+                        if test[ids_test].n_part > 0:
+                            break
+                        ids_test += 1
+                    mem_test = self.memory_for_layers(test, overflow_bufts)
+                    if mem_test[d] <= targets[d]:
+                        per_dev, mem, id_dense_start = test, mem_test, ids_test
+                        self.trc(f"set ngl_per_device[{d}].(n_layer, n_part)=({per_dev[d].n_layer}, "
+                                 f"{per_dev[d].n_part}), id_dense_start={id_dense_start}")
+                    else:
+                        high, mem_high, id_dense_start_high = test, mem_test, ids_test
+                        self.trc(f"set ngl_per_device_high[{d}].(n_layer, n_part)=({high[d].n_layer}, "
+                                 f"{high[d].n_part}), id_dense_start_high={id_dense_start_high}")
+                    delta = high[d].n_full - per_dev[d].n_full
+            else:
+                per_dev, mem, id_dense_start = high, mem_high, id_dense_start_high
+                self.trc(f"set ngl_per_device[{d}].(n_layer, n_part)=({per_dev[d].n_layer}, {per_dev[d].n_part}), "
+                         f"id_dense_start={id_dense_start}")
+            # try to fit at least part of one more layer
+            if per_dev[id_dense_start].n_layer > (0 if d < nd - 1 else 1):
+                test = [n.copy() for n in per_dev]
+                ids_test = id_dense_start
+                test[ids_test].n_layer -= 1
+                test[ids_test].n_part -= 1
+                test[d].n_layer += 1
+                test[d].n_part += 1
+                if test[ids_test].n_part == 0:
+                    ids_test += 1
+                test[d].overflow_type = LAYER_FRACTION_UP
+                ob_test = list(overflow_bufts)
+                if d < nd - 1:
+                    ob_test[d] = dev_bufts[d + 1]
+                self.trc("trying to fit one extra layer with overflow_type=LAYER_FRACTION_UP")
+                mem_test = self.memory_for_layers(test, ob_test)
+
+                def ok(m: list[int], d: int = d) -> bool:
+                    return m[d] < targets[d] and (d + 1 == nd or m[d + 1] < targets[d + 1])
+
+                if ok(mem_test):
+                    per_dev, overflow_bufts, mem, id_dense_start = test, ob_test, mem_test, ids_test
+                    self.trc(f"set ngl_per_device[{d}].(n_layer, n_part, overflow_type)=({per_dev[d].n_layer}, "
+                             f"{per_dev[d].n_part}, UP), id_dense_start={id_dense_start}")
+                    test = [n.copy() for n in test]
+                    test[d].overflow_type = LAYER_FRACTION_GATE
+                    self.trc("trying to fit one extra layer with overflow_type=LAYER_FRACTION_GATE")
+                    mem_test = self.memory_for_layers(test, ob_test)
+                    if ok(mem_test):
+                        per_dev, overflow_bufts, mem, id_dense_start = test, ob_test, mem_test, ids_test
+                        self.trc(f"set ngl_per_device[{d}].(n_layer, n_part, overflow_type)=({per_dev[d].n_layer}, "
+                                 f"{per_dev[d].n_part}, GATE), id_dense_start={id_dense_start}")
+                else:
+                    test = [n.copy() for n in test]
+                    test[d].overflow_type = LAYER_FRACTION_ATTN
+                    self.trc("trying to fit one extra layer with overflow_type=LAYER_FRACTION_ATTN")
+                    mem_test = self.memory_for_layers(test, ob_test)
+                    if ok(mem_test):
+                        per_dev, overflow_bufts, mem, id_dense_start = test, ob_test, mem_test, ids_test
+                        self.trc(f"set ngl_per_device[{d}].(n_layer, n_part, overflow_type)=({per_dev[d].n_layer}, "
+                                 f"{per_dev[d].n_part}, ATTN), id_dense_start={id_dense_start}")
+            margin = self.memory[d].free - mem[d]
+            self.trc(f"  - {names[d]}: {per_dev[d].n_layer:2d} layers ({per_dev[d].n_part:2d} overflowing), "
+                     f"{mem[d] // MiB:6d} MiB used, {_cdiv(margin, MiB):6d} MiB free")
+            d += 1
+        for d in range(id_dense_start + 1, nd):
+            margin = self.memory[d].free - mem[d]
+            self.trc(f"  - {names[d]}: {per_dev[d].n_layer:2d} layers ({per_dev[d].n_part:2d} overflowing), "
+                     f"{mem[d] // MiB:6d} MiB used, {_cdiv(margin, MiB):6d} MiB free")
+        self.commit(per_dev, overflow_bufts, mem)
+
+    def device_bufts(self) -> list[str]:
+        cp = self.args.context_params()
+        ds = make_devices(tuple(strip_budget(s) for s in cp.devices), split_mode=cp.split_mode, main_gpu=cp.main_gpu)
+        return [g.buft.name for g in ds.gpus]
+
+    def commit(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int]) -> None:
+        self.ngl, self.ts, self.ot = self.placement(per_dev, overflow_bufts)
+        self.used_final = list(mem)
+
+
+def _cdiv(a: int, b: int) -> int:
+    """C++ integer division (toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _false_position_step(delta: int, target: int, mem_lo: int, mem_hi: int) -> int:
+    """``step_size = delta * (target - mem_lo) / (mem_hi - mem_lo)`` clamped to [1, delta - 1]
+    (uint32_t arithmetic: a negative quotient wraps to a huge value and is clamped to delta - 1)."""
+    if mem_hi == mem_lo:
+        return delta - 1
+    step = _cdiv(delta * (target - mem_lo), mem_hi - mem_lo) & 0xFFFFFFFF
+    return min(max(step, 1), delta - 1)
+
+
+def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None, *,
+               exact: bool = False) -> FitResult:
+    """``common_fit_params``: fit ``args`` to the devices' free memory (see the module docstring).
+
+    ``memory`` gives each model device's free/total bytes (default: the budgets of the device
+    strings). ``exact`` searches on the full reserve's buffers instead of llama.cpp's pp-only estimate.
+    """
+    mem = list(memory) if memory is not None else device_memory(args)
+    nd = len(mem)
+    f = _Fit(model, args, mem, fit_targets_bytes(args, nd), args.fit_ctx, exact)
+    t0 = time.perf_counter()
+    status, error = "success", ""
+    try:
+        f.run()
+        f.log.append("common_fit_params: successfully fit params to free device memory")
+    except _FitAbort as e:
+        status, error = "failure", str(e)
+        f.log.append(f"common_fit_params: failed to fit params to free device memory: {e}")
+    secs = time.perf_counter() - t0
+    f.log.append(f"common_fit_params: fitting params to free memory took {secs:.2f} seconds")
+    if status == "success":
+        f.log.append("llama_fit_params: printing fitted CLI arguments to stdout...")
+    else:
+        f.log.append("llama_fit_params: failed to fit CLI arguments to free memory, exiting...")
+    n_ctx = f.n_ctx if f.n_ctx else model.n_ctx_train
+    # llama.cpp keeps tensor_split as floats and llama-fit-params prints them as uint32_t
+    ts = tuple(int(x) for x in f.ts) if f.ts else None
+    fitted = Fitted(n_ctx, f.ngl, ts, f.ot)
+    used = f.used_final
+    if len(used) != nd:
+        # the answer came from a context reduction: measure what the chosen parameters use
+        cp = args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if f.ngl < 0 else f.ngl,
+                                 tensor_split=f.ts, tensor_overrides=f.ot)
+        try:
+            p = probe(model, cp, mem, exact=exact)
+            used = [p.used(d) for d in range(nd)]
+        except ValueError:
+            used = []
+    return FitResult(status, fitted, tuple(f.probes), tuple(f.log), tuple(mem), tuple(f.margins), error, secs,
+                     exact, tuple(used))
+
+
+def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> list[str]:
+    """``common_fit_print`` (``--fit-print on``): per device ``NAME model context compute`` in MiB,
+    then ``Host …``; each row ends with a space, as llama-fit-params prints it."""
+    mem = list(memory) if memory is not None else device_memory(args)
+    p = probe(model, args.context_params(), mem)
+    rows = [f"{m.name} {r.model // MiB} {r.context // MiB} {r.compute // MiB} " for m, r in zip(mem, p.breakdown.devices)]
+    h = p.breakdown.host
+    rows.append(f"Host {h.model // MiB} {h.context // MiB} {h.compute // MiB} ")
+    return rows
+
+
+# ---- beyond llama.cpp: the real buffers of the fitted parameters ------------------------------------
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """One device: llama.cpp's estimate (pp-only, no fallback) against the full reserve sequence."""
+
+    name: str
+    free: int
+    target: int
+    estimate: MemoryRow
+    real: MemoryRow
+
+    @property
+    def difference(self) -> int:
+        return self.real.total - self.estimate.total
+
+    @property
+    def fits(self) -> bool:
+        return self.real.total <= self.free
+
+    @property
+    def keeps_margin(self) -> bool:
+        return self.real.total <= self.free - self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "free": self.free, "target": self.target,
+                "estimate": vars(self.estimate) | {"total": self.estimate.total},
+                "real": vars(self.real) | {"total": self.real.total}, "difference": self.difference,
+                "fits": self.fits, "keeps_margin": self.keeps_margin}
+
+
+@dataclass(frozen=True)
+class RealRun:
+    """The fitted parameters run as a program given the printed line would run them."""
+
+    params: ContextParams
+    devices: tuple[DeviceCheck, ...]
+    host: MemoryRow
+    compute_bytes: tuple[tuple[str, int], ...]
+    kv_bytes: tuple[tuple[str, int], ...]
+    model_bytes: tuple[tuple[str, int], ...]
+    n_copies: int
+    pipeline_parallel: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": [d.to_dict() for d in self.devices], "host": vars(self.host),
+                "compute_buffers_bytes": dict(self.compute_bytes), "kv_buffers_bytes": dict(self.kv_bytes),
+                "model_buffers_bytes": dict(self.model_bytes), "n_copies": self.n_copies,
+                "pipeline_parallel": self.pipeline_parallel}
+
+    def lines(self) -> list[str]:
+        out = []
+        for d in self.devices:
+            out.append(f"{d.name}: estimate {d.estimate.total / MiB:.2f} MiB, real {d.real.total / MiB:.2f} MiB "
+                       f"({d.difference:+d} bytes), free {d.free // MiB} MiB, target {d.target // MiB} MiB: "
+                       + ("keeps the margin" if d.keeps_margin else "fits, margin missed" if d.fits else "OUT OF MEMORY"))
+        return out
+
+
+def run_params(args: LlamaArgs, fitted: Fitted, memory: Sequence[DeviceMemory]) -> ContextParams:
+    """ContextParams of the printed line run on top of the user's flags (``-fit off``)."""
+    p = fitted.as_printed()
+    cp = args.context_params(n_ctx=p.c, n_gpu_layers=DEFAULT_N_GPU_LAYERS if p.ngl < 0 else p.ngl,
+                             tensor_split=tuple(float(x) for x in p.ts) if p.ts else args.tensor_split,
+                             tensor_overrides=args.tensor_overrides + p.ot)
+    return cp.replace(tensor_split=default_split(cp, memory))
+
+
+def real_run(model: LlamaHParams, args: LlamaArgs, result: FitResult) -> RealRun:
+    """Plan the printed parameters with the full reserve sequence and compare per device with the estimate."""
+    from toolkit.context import Context
+    mem = list(result.memory)
+    cp = run_params(args, result.fitted, mem)
+    ctx = Context(model, cp.replace(devices=tuple(strip_budget(s) for s in cp.devices)))
+    real, comp = context_breakdown(ctx, exact=True)
+    est = probe(model, cp, mem).breakdown
+    checks = tuple(DeviceCheck(m.name, m.free, t, e, r)
+                   for m, t, e, r in zip(mem, result.targets, est.devices, real.devices))
+    return RealRun(cp, checks, real.host, comp, tuple(ctx.kv_buffers_bytes.items()),
+                   tuple(ctx.model_buffers_bytes.items()), ctx.n_copies, ctx.pipeline_parallel)
+
+
+__all__ = ["DeviceCheck", "FitImpossible", "FitResult", "Fitted", "Probe", "ProbeParams", "RealRun",
+           "context_breakdown", "default_split", "device_memory", "fit_params", "fit_print", "overflow_pattern",
+           "probe", "real_run", "run_params"]
