@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from toolkit.errors import ParameterError
+from toolkit.models.args import LlamaArgs
+from toolkit.models.devices import make_devices, parse_bytes
 
 MiB = 1 << 20
 # common_memory_breakdown_print strips these from device descriptions
@@ -119,4 +124,72 @@ def breakdown_table(bd: Breakdown, devices: Sequence[DeviceMemory]) -> list[str]
     return out
 
 
-__all__ = ["Breakdown", "DeviceMemory", "MemoryRow", "MiB", "breakdown", "breakdown_table"]
+def strip_budget(spec: str) -> str:
+    """A device spec without its memory budget (a probe never fails an allocation)."""
+    kind, _, arg = spec.partition(":")
+    return spec if kind.lower() == "rpc" else kind
+
+
+def device_memory(args: LlamaArgs, memory: Sequence[int] | Sequence[tuple[int, int]] | None = None
+                  ) -> list[DeviceMemory]:
+    """Free/total memory of the model devices: ``memory`` (bytes, or (free, total) pairs) when given,
+    else each device string's budget (``sim:24G``, ``cuda:24G``). An RPC server has no budget in its
+    string: give its memory explicitly (``--device-memory``)."""
+    cp = args.context_params()
+    ds = make_devices(tuple(strip_budget(s) for s in cp.devices), split_mode=cp.split_mode, main_gpu=cp.main_gpu)
+    specs = list(_expanded(cp.devices))
+    if cp.split_mode == "none" and specs:
+        specs = [specs[cp.main_gpu]]
+    out: list[DeviceMemory] = []
+    for i, (name, be) in enumerate(zip(ds.gpu_names, ds.gpus)):
+        kind, arg = specs[i]
+        desc = arg if kind == "rpc" else be.profile.description
+        if memory is None and args.device_memory:
+            memory = list(args.device_memory)
+        if memory is not None and i < len(memory):
+            m = memory[i]
+            free, total = (m, m) if isinstance(m, int) else (int(m[0]), int(m[1]))
+        elif kind != "rpc" and arg:
+            free = total = parse_bytes(arg)
+        else:
+            raise ParameterError("--device-memory", None, f"the free memory of {name} ({desc}): a device string "
+                                 "with a size such as cuda:24G, or --device-memory BYTES[,BYTES...]")
+        out.append(DeviceMemory(name, desc, free, total))
+    return out
+
+
+def _expanded(specs: Sequence[str]) -> list[tuple[str, str]]:
+    from toolkit.models.devices import RPC_BASE_PORT
+    out: list[tuple[str, str]] = []
+    for s in specs:
+        kind, _, arg = s.partition(":")
+        kind = kind.lower()
+        if kind in ("cpu", "blas"):
+            continue
+        if kind == "rpc" and arg.isdigit():
+            out += [("rpc", f"127.0.0.1:{RPC_BASE_PORT + i}") for i in range(int(arg))]
+        elif kind == "rpc" and not arg:
+            out.append(("rpc", f"127.0.0.1:{RPC_BASE_PORT}"))
+        else:
+            out.append((kind, arg))
+    return out
+
+
+def context_breakdown(ctx: Any, *, exact: bool = False) -> tuple[Breakdown, tuple[tuple[str, int], ...]]:
+    """A context's ``llama_get_memory_breakdown`` rows: compute from the first pp reserve
+    (``backend_buf_exp_size`` under ``no_alloc``) or, with ``exact``, the allocated buffers."""
+    devs = ctx.setup.devices
+    ev = ctx.events[-1]
+    compute: dict[str, int] = {}
+    for b in ev.buffers:
+        compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed_pp)
+    host = {devs.cpu_buft.name, devs.cpu.buft.name, "CPU_Mapped"}
+    host |= {g.host_buft.name for g in devs.gpus if g.host_buft is not None}
+    host |= {a.buft.name for a in devs.accels if a.buft.is_host}
+    bd = breakdown(ctx.model_buffers_bytes, ctx.kv_buffers_bytes, compute, [g.buft.name for g in devs.gpus],
+                   sorted(host))
+    return bd, tuple(compute.items())
+
+
+__all__ = ["Breakdown", "DeviceMemory", "MemoryRow", "MiB", "breakdown", "breakdown_table", "context_breakdown",
+           "device_memory", "strip_budget"]

@@ -21,7 +21,7 @@ Flags that only change what a llama.cpp program prints or samples (``-t``, ``-lv
 >>> parse_args(["-fa", "maybe"])
 Traceback (most recent call last):
 ...
-toolkit.errors.ParameterError: -fa='maybe' is not accepted: expected on|off|auto (also enabled/disabled/true/false/1/0/-1)
+toolkit.errors.ParameterError: -fa='maybe' is not accepted: expected on|off|auto (or enabled/disabled/true/false/1/0/-1)
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from toolkit.errors import ParameterError
+from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
+from toolkit.models.hparams import LlamaHParams
 
 # common/arg.cpp: is_truthy / is_falsey / is_autoy
 _TRUE = ("on", "enabled", "true", "1")
@@ -83,6 +84,7 @@ class LlamaArgs:
     fit_ctx: int = DEFAULT_FIT_CTX
     fit_print: bool = False
     force_pipeline_parallel: bool = False
+    device_memory: tuple[int, ...] = ()   # --device-memory: free (= total) bytes per model device
     set_flags: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -142,7 +144,7 @@ def _fa(flag: str, raw: str) -> str:
         return "off"
     if v in _AUTO:
         return "auto"
-    raise ParameterError(flag, raw, "on|off|auto (also enabled/disabled/true/false/1/0/-1)")
+    raise ParameterError(flag, raw, "on|off|auto (or enabled/disabled/true/false/1/0/-1)")
 
 
 def _ngl(flag: str, raw: str) -> int:
@@ -213,7 +215,8 @@ def _devices(flag: str, raw: str) -> tuple[str, ...]:
     for s in specs:
         kind, _, arg = s.partition(":")
         if kind.lower() not in KNOWN_KINDS:
-            raise ParameterError(flag, raw, f"device strings of the kinds {', '.join(KNOWN_KINDS)}, e.g. cuda:24G,cuda:24G")
+            raise ParameterError(flag, raw, f"device strings of the kinds {', '.join(KNOWN_KINDS)}, "
+                                 "e.g. cuda:24G,cuda:24G")
         if arg and kind.lower() not in ("rpc",):
             try:
                 parse_bytes(arg)
@@ -228,6 +231,14 @@ def _rpc(flag: str, raw: str) -> tuple[str, ...]:
     if not eps or not all(re.fullmatch(r"[\w.\-]+:\d+", e) for e in eps):
         raise ParameterError(flag, raw, "HOST:PORT[,HOST:PORT...]")
     return tuple(f"rpc:{e}" for e in eps)
+
+
+def _memory(flag: str, raw: str) -> tuple[int, ...]:
+    from toolkit.models.devices import parse_bytes
+    try:
+        return tuple(parse_bytes(x) for x in raw.split(","))
+    except ValueError:
+        raise ParameterError(flag, raw, "a memory size per model device such as 24G,24G or 1227882496") from None
 
 
 def _load_mode(flag: str, raw: str) -> bool:
@@ -315,6 +326,8 @@ _FLAGS: list[tuple[tuple[str, ...], bool, Setter]] = [
     (("-fitc", "--fit-ctx"), True, _set("fit_ctx", lambda f, v: _int(f, v, 0))),
     (("-fitp", "--fit-print"), True, _set("fit_print", _onoff)),
     (("-npl",), True, _npl),
+    # the toolkit's own: what each model device reports as free (= total) memory, e.g. for RPC servers
+    (("--device-memory",), True, _set("device_memory", _memory)),
 ]
 # accepted and ignored: they change what a llama.cpp program prints, samples or runs, not its memory
 _IGNORED_WITH_VALUE = ("-t", "--threads", "-tb", "--threads-batch", "-lv", "--verbosity", "--log-verbosity",
@@ -348,7 +361,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Lla
             i += 1 if eq else 2
             continue
         if name not in _BY_NAME:
-            raise ParameterError("argument", a, "a llama.cpp flag: " + " ".join(n for n in FLAG_NAMES if n.startswith("-")))
+            raise ParameterError("argument", a, "a llama.cpp flag: " + " ".join(FLAG_NAMES))
         canon, takes, setter = _BY_NAME[name]
         if takes:
             if eq:
@@ -371,6 +384,40 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Lla
     return LlamaArgs(**st, devices=devices, force_pipeline_parallel=force, set_flags=frozenset(given))
 
 
+def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
+    """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet."""
+    arch = str(d.get("arch", "llama"))
+    if arch != "llama":
+        raise UnsupportedFeature("architecture", f"model {d.get('name', '?')!r}: architecture {arch!r} is not "
+                                 "implemented (only llama)")
+    if int(d.get("n_expert", 0) or 0) > 0:
+        raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
+                                 f"({d['n_expert']} experts) are not implemented")
+    return LlamaHParams.from_dict(d)
+
+
+def load_model_arg(spec: str | None) -> LlamaHParams:
+    """``-m``: a GGUF path (metadata only), a JSON model description, or a preset name."""
+    if not spec:
+        raise ParameterError("-m", spec, "a GGUF path, a .json model description or a preset name")
+    if spec.endswith(".gguf"):
+        from toolkit.models.gguf import hparams_from_gguf  # reads metadata only
+        return hparams_from_gguf(spec)
+    if spec.endswith(".json"):
+        import json
+        from pathlib import Path
+        try:
+            d = json.loads(Path(spec).read_text())
+        except (OSError, ValueError) as e:
+            raise ParameterError("-m", spec, "a readable JSON model description", str(e)) from None
+        return model_from_dict(d.get("model", d) if isinstance(d, dict) else {})
+    from toolkit.models import presets
+    if spec not in presets.PRESETS:
+        raise ParameterError("-m", spec, "a GGUF path, a .json model description or a preset name: "
+                             + ", ".join(presets.PRESETS))
+    return presets.get(spec)
+
+
 def fit_targets_bytes(args: LlamaArgs, n_devices: int) -> list[int]:
     """``--fit-target`` per device in bytes: one value is broadcast (common/arg.cpp)."""
     t = args.fit_target_mib
@@ -381,5 +428,5 @@ def fit_targets_bytes(args: LlamaArgs, n_devices: int) -> list[int]:
     return [x << 20 for x in t[:max(1, n_devices)]]
 
 
-__all__ = ["FFN_EXPS_REGEX", "KV_CACHE_TYPES", "LlamaArgs", "N_GPU_LAYERS_ALL", "N_GPU_LAYERS_AUTO", "fit_targets_bytes",
-           "parse_args"]
+__all__ = ["FFN_EXPS_REGEX", "KV_CACHE_TYPES", "LlamaArgs", "N_GPU_LAYERS_ALL", "N_GPU_LAYERS_AUTO",
+           "fit_targets_bytes", "load_model_arg", "model_from_dict", "parse_args"]

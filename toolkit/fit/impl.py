@@ -1,40 +1,18 @@
-"""Will it fit? llama.cpp's memory fitting (``common/fit.cpp``) over the exact predictor.
-
-:func:`fit_params` re-implements ``common_fit_params`` → ``common_params_fit_impl`` step by step.
-Each probe is :func:`probe` (``common_get_device_memory_data_impl``): a :class:`~toolkit.context.Context`
-created with the probe's parameters, no memory-mapped weights (``LLAMA_LOAD_MODE_NONE``), read as
-``llama_get_memory_breakdown`` with the compute buffers of the first pp reserve only (what
-``ggml_backend_sched_reserve_size`` reports under ``no_alloc``).
-
-1. If every device keeps its margin (``--fit-target``), nothing changes.
-2. An unset context (``-c 0``) is shrunk by linear interpolation between ``--fit-ctx`` and the
-   training context, rounded down to a multiple of 256 · n_streams.
-3. A user ``-ngl``, ``-ts`` (several devices), ``-sm row`` or ``-ot`` stops here (the context
-   reduction stays, because llama.cpp edits the parameters in place).
-4. Layers are filled onto the devices from the last one backwards, with a false-position search
-   on the layer count per device.
-5. Mixture-of-experts models: experts go to the CPU first, then full layers come back front to
-   back, with partial-layer overflow patterns (``ATTN``/``UP``/``GATE``/``MOE``).
-
-The result (:class:`FitResult`) is plain frozen data: every probe with its parameters and memory
-per device, the chosen ``-c/-ngl/-ts/-ot``, llama.cpp's log lines, the printed command line of
-``llama-fit-params`` and, beyond llama.cpp, :func:`real_run`: the fitted parameters planned with
-the full reserve sequence (pp → tg → pp, with the pipeline-parallel fallback) next to the
-estimate, per device. ``exact=True`` runs the same search on those full-reserve sizes.
-"""
+"""``common_fit_params`` → ``common_params_fit_impl``, step by step (see :mod:`toolkit.fit`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from toolkit.errors import ParameterError, ToolkitError
-from toolkit.memory import Breakdown, DeviceMemory, MemoryRow, MiB, breakdown, breakdown_table
+from toolkit.errors import ToolkitError
+from toolkit.fit.probe import Probe, ProbeParams, probe
+from toolkit.fit.result import FitPrint, FitResult, Fitted
+from toolkit.memory import DeviceMemory, MiB, device_memory, strip_budget
 from toolkit.models.args import N_GPU_LAYERS_AUTO, LlamaArgs, fit_targets_bytes
-from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
-from toolkit.models.devices import make_devices, parse_bytes
+from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS
+from toolkit.models.devices import make_devices
 from toolkit.models.hparams import LlamaHParams
 
 # common_layer_fraction_t: which part of the first partial layer of a device overflows
@@ -66,238 +44,9 @@ def overflow_pattern(il: int, fraction: int) -> str:
     raise ValueError(f"layer fraction {fraction} has no overflow pattern")
 
 
-class FitImpossible(ToolkitError):
-    """The model does not fit even with the smallest context and every layer on the CPU.
-
-    ``missing_mib`` maps each device (and ``Host`` when the host was compared) to the MiB missing.
-    """
-
-    def __init__(self, missing_mib: dict[str, int], detail: str = "") -> None:
-        self.missing_mib = dict(missing_mib)
-        parts = ", ".join(f"{k}: {v} MiB" for k, v in self.missing_mib.items())
-        super().__init__(f"the model does not fit the free memory; missing {parts}" + (f" ({detail})" if detail else ""))
-
-
 class _FitAbort(Exception):
     """common_params_fit_exception: fitting stops, the parameters stay as far as they got."""
 
-
-# ---- one probe -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ProbeParams:
-    """The model and context parameters one probe is created with."""
-
-    n_ctx: int
-    n_gpu_layers: int                      # llama.cpp's encoding: -1 auto (every layer)
-    tensor_split: tuple[float, ...] | None
-    tensor_overrides: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Probe:
-    """``common_get_device_memory_data_impl``: one no-alloc context and its memory per device."""
-
-    params: ProbeParams
-    breakdown: Breakdown
-    compute_bytes: tuple[tuple[str, int], ...]     # per backend buft (pp reserve only unless exact)
-    kv_bytes: tuple[tuple[str, int], ...]
-    n_copies: int
-    table: tuple[str, ...]                         # common_memory_breakdown_print lines
-
-    def used(self, i: int) -> int:
-        return self.breakdown.used(i)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_ctx": self.params.n_ctx, "n_gpu_layers": self.params.n_gpu_layers,
-            "tensor_split": list(self.params.tensor_split) if self.params.tensor_split else None,
-            "tensor_overrides": [list(x) for x in self.params.tensor_overrides],
-            "devices": [{"model": r.model, "context": r.context, "compute": r.compute} for r in self.breakdown.devices],
-            "host": {"model": self.breakdown.host.model, "context": self.breakdown.host.context,
-                     "compute": self.breakdown.host.compute},
-            "compute_buffer": [{"buft": b, "bytes": n} for b, n in self.compute_bytes],
-            "kv": [{"buft": b, "bytes": n} for b, n in self.kv_bytes], "n_copies": self.n_copies,
-        }
-
-
-def strip_budget(spec: str) -> str:
-    """A device spec without its memory budget (a probe never fails an allocation)."""
-    kind, _, arg = spec.partition(":")
-    return spec if kind.lower() == "rpc" else kind
-
-
-def default_split(cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[float, ...] | None:
-    """``llama_model::load_tensors``: without a user split, layers are split by each device's free memory."""
-    if cp.tensor_split is not None and any(cp.tensor_split):
-        return cp.tensor_split
-    if len(memory) < 2:
-        return cp.tensor_split
-    return tuple(float(m.free) for m in memory)
-
-
-def context_breakdown(ctx: Any, *, exact: bool = False) -> tuple[Breakdown, tuple[tuple[str, int], ...]]:
-    """A context's ``llama_get_memory_breakdown`` rows: compute from the first pp reserve
-    (``backend_buf_exp_size`` under ``no_alloc``) or, with ``exact``, the allocated buffers."""
-    devs = ctx.setup.devices
-    ev = ctx.events[-1]
-    compute: dict[str, int] = {}
-    for b in ev.buffers:
-        compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed_pp)
-    host = {devs.cpu_buft.name, devs.cpu.buft.name, "CPU_Mapped"}
-    host |= {g.host_buft.name for g in devs.gpus if g.host_buft is not None}
-    host |= {a.buft.name for a in devs.accels if a.buft.is_host}
-    bd = breakdown(ctx.model_buffers_bytes, ctx.kv_buffers_bytes, compute, [g.buft.name for g in devs.gpus],
-                   sorted(host))
-    return bd, tuple(compute.items())
-
-
-def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
-    """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights."""
-    from toolkit.context import Context  # the context layer sits above models
-    pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
-                     tensor_split=default_split(cp, memory))
-    ctx = Context(hp, pcp)
-    bd, comp = context_breakdown(ctx, exact=exact)
-    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split, cp.tensor_overrides)
-    return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
-                 tuple(breakdown_table(bd, memory)))
-
-
-# ---- device memory -------------------------------------------------------------------------------
-
-def device_memory(args: LlamaArgs, memory: Sequence[int] | Sequence[tuple[int, int]] | None = None
-                  ) -> list[DeviceMemory]:
-    """Free/total memory of the model devices: ``memory`` (bytes, or (free, total) pairs) when given,
-    else each device string's budget (``sim:24G``, ``cuda:24G``). An RPC server has no budget in its
-    string: give its memory explicitly (``--device-memory``)."""
-    cp = args.context_params()
-    ds = make_devices(tuple(strip_budget(s) for s in cp.devices), split_mode=cp.split_mode, main_gpu=cp.main_gpu)
-    specs = list(_expanded(cp.devices))
-    if cp.split_mode == "none" and specs:
-        specs = [specs[cp.main_gpu]]
-    out: list[DeviceMemory] = []
-    for i, (name, be) in enumerate(zip(ds.gpu_names, ds.gpus)):
-        kind, arg = specs[i]
-        desc = arg if kind == "rpc" else be.profile.description
-        if memory is not None and i < len(memory):
-            m = memory[i]
-            free, total = (m, m) if isinstance(m, int) else (int(m[0]), int(m[1]))
-        elif kind != "rpc" and arg:
-            free = total = parse_bytes(arg)
-        else:
-            raise ParameterError("--device-memory", None, f"the free memory of {name} ({desc}): a device string "
-                                 "with a size such as cuda:24G, or --device-memory BYTES[,BYTES...]")
-        out.append(DeviceMemory(name, desc, free, total))
-    return out
-
-
-def _expanded(specs: Sequence[str]) -> list[tuple[str, str]]:
-    from toolkit.models.devices import RPC_BASE_PORT
-    out: list[tuple[str, str]] = []
-    for s in specs:
-        kind, _, arg = s.partition(":")
-        kind = kind.lower()
-        if kind in ("cpu", "blas"):
-            continue
-        if kind == "rpc" and arg.isdigit():
-            out += [("rpc", f"127.0.0.1:{RPC_BASE_PORT + i}") for i in range(int(arg))]
-        elif kind == "rpc" and not arg:
-            out.append(("rpc", f"127.0.0.1:{RPC_BASE_PORT}"))
-        else:
-            out.append((kind, arg))
-    return out
-
-
-# ---- the result ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Fitted:
-    """The parameters fit chose (``-c``, ``-ngl`` with -1 = unchanged, ``-ts`` per device, ``-ot``)."""
-
-    c: int
-    ngl: int
-    ts: tuple[int, ...] | None
-    ot: tuple[tuple[str, str], ...]
-
-    def printed(self) -> str:
-        """The line ``llama-fit-params`` prints: trailing zero split entries dropped, ``-ts`` only
-        with more than one entry left, ``-ot`` quoted."""
-        s = f"-c {self.c} -ngl {self.ngl}"
-        ts = list(self.ts or ())
-        while len(ts) > 1 and ts[-1] == 0:
-            ts.pop()
-        if len(ts) > 1:
-            s += " -ts " + ",".join(str(int(x)) for x in ts)
-        if self.ot:
-            s += ' -ot "' + ",".join(f"{p}={b}" for p, b in self.ot) + '"'
-        return s
-
-    def as_printed(self) -> Fitted:
-        """What a program given the printed line runs with (the dropped split entries are gone)."""
-        ts = list(self.ts or ())
-        while len(ts) > 1 and ts[-1] == 0:
-            ts.pop()
-        return Fitted(self.c, self.ngl, tuple(ts) if len(ts) > 1 else None, self.ot)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"c": self.c, "ngl": self.ngl, "ts": list(self.ts) if self.ts else None,
-                "ot": ",".join(f"{p}={b}" for p, b in self.ot) if self.ot else None}
-
-
-@dataclass(frozen=True)
-class FitResult:
-    """Everything one ``common_fit_params`` call did and decided."""
-
-    status: str                                  # "success", "failure" (fit refused or gave up)
-    fitted: Fitted                               # the parameters as fit left them in process
-    probes: tuple[Probe, ...]
-    log_lines: tuple[str, ...]
-    memory: tuple[DeviceMemory, ...]
-    targets: tuple[int, ...]                     # margin per device, bytes
-    error: str = ""
-    seconds: float = 0.0
-    exact: bool = False
-    used: tuple[int, ...] = ()                   # projected bytes per device for the fitted params
-
-    @property
-    def printed(self) -> str:
-        """``llama-fit-params``'s stdout line (empty when it exits with 1)."""
-        return self.fitted.printed() if self.status == "success" else ""
-
-    @property
-    def printed_differs(self) -> bool:
-        """True when the printed line runs with another split than fit decided in process."""
-        return self.status == "success" and self.fitted.as_printed().ts != self.fitted.ts
-
-    def missing_mib(self) -> dict[str, int]:
-        """MiB each device lacks to keep its margin with the fitted parameters (only short devices)."""
-        out: dict[str, int] = {}
-        for m, used, t in zip(self.memory, self.used, self.targets):
-            short = used - (m.free - t)
-            if short > 0:
-                out[m.name] = -(-short // MiB)
-        return out
-
-    def check(self) -> FitResult:
-        """Raise :class:`FitImpossible` when a device stays short of its margin; else return self."""
-        missing = self.missing_mib()
-        if missing or self.status != "success":
-            raise FitImpossible(missing, self.error)
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status, "printed": self.printed, "fitted": self.fitted.to_dict(),
-            "printed_differs": self.printed_differs, "probes": [p.to_dict() for p in self.probes],
-            "log_lines": list(self.log_lines), "error": self.error, "exact": self.exact,
-            "devices": [{"name": m.name, "description": m.description, "free": m.free, "total": m.total,
-                         "target": t, "used": u} for m, t, u in zip(self.memory, self.targets, self.used)],
-            "missing_mib": self.missing_mib(),
-        }
-
-
-# ---- common_params_fit_impl ------------------------------------------------------------------------
 
 @dataclass
 class _Ngl:
@@ -429,7 +178,8 @@ class _Fit:
             if nd > 1:
                 self.trc(f"  - {names[d]}: {self.memory[d].total // MiB:6d} total, {used // MiB:6d} used, "
                          f"{_cdiv(free, MiB):6d} free vs. target of {margins[d] // MiB:6d}")
-        self.trc(f"projected to use {sum_used // MiB} MiB of device memory vs. {sum_free // MiB} MiB of free device memory")
+        self.trc(f"projected to use {sum_used // MiB} MiB of device memory vs. {sum_free // MiB} MiB of free "
+                 "device memory")
         if nd == 1:
             if proj_free[0] >= margins[0]:
                 self.trc(f"will leave {_cdiv(proj_free[0], MiB)} >= {margins[0] // MiB} MiB of free device memory, "
@@ -725,99 +475,19 @@ def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemo
                      exact, tuple(used))
 
 
-def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> list[str]:
-    """``common_fit_print`` (``--fit-print on``): per device ``NAME model context compute`` in MiB,
-    then ``Host …``; each row ends with a space, as llama-fit-params prints it."""
+def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> FitPrint:
+    """``common_fit_print``: per device ``NAME model context compute`` in MiB, then ``Host …``;
+    each row ends with a space, as llama-fit-params prints it."""
     mem = list(memory) if memory is not None else device_memory(args)
     p = probe(model, args.context_params(), mem)
-    rows = [f"{m.name} {r.model // MiB} {r.context // MiB} {r.compute // MiB} " for m, r in zip(mem, p.breakdown.devices)]
+    rows = [f"{m.name} {r.model // MiB} {r.context // MiB} {r.compute // MiB} "
+            for m, r in zip(mem, p.breakdown.devices)]
     h = p.breakdown.host
     rows.append(f"Host {h.model // MiB} {h.context // MiB} {h.compute // MiB} ")
-    return rows
+    log = ["llama_fit_params: printing estimated memory in MiB to stdout (device, model, context, compute) ...",
+           *("common_memory_breakdown_print: " + line for line in p.table)]
+    return FitPrint(tuple(rows), p, tuple(log))
 
 
-# ---- beyond llama.cpp: the real buffers of the fitted parameters ------------------------------------
-
-@dataclass(frozen=True)
-class DeviceCheck:
-    """One device: llama.cpp's estimate (pp-only, no fallback) against the full reserve sequence."""
-
-    name: str
-    free: int
-    target: int
-    estimate: MemoryRow
-    real: MemoryRow
-
-    @property
-    def difference(self) -> int:
-        return self.real.total - self.estimate.total
-
-    @property
-    def fits(self) -> bool:
-        return self.real.total <= self.free
-
-    @property
-    def keeps_margin(self) -> bool:
-        return self.real.total <= self.free - self.target
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "free": self.free, "target": self.target,
-                "estimate": vars(self.estimate) | {"total": self.estimate.total},
-                "real": vars(self.real) | {"total": self.real.total}, "difference": self.difference,
-                "fits": self.fits, "keeps_margin": self.keeps_margin}
-
-
-@dataclass(frozen=True)
-class RealRun:
-    """The fitted parameters run as a program given the printed line would run them."""
-
-    params: ContextParams
-    devices: tuple[DeviceCheck, ...]
-    host: MemoryRow
-    compute_bytes: tuple[tuple[str, int], ...]
-    kv_bytes: tuple[tuple[str, int], ...]
-    model_bytes: tuple[tuple[str, int], ...]
-    n_copies: int
-    pipeline_parallel: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"devices": [d.to_dict() for d in self.devices], "host": vars(self.host),
-                "compute_buffers_bytes": dict(self.compute_bytes), "kv_buffers_bytes": dict(self.kv_bytes),
-                "model_buffers_bytes": dict(self.model_bytes), "n_copies": self.n_copies,
-                "pipeline_parallel": self.pipeline_parallel}
-
-    def lines(self) -> list[str]:
-        out = []
-        for d in self.devices:
-            out.append(f"{d.name}: estimate {d.estimate.total / MiB:.2f} MiB, real {d.real.total / MiB:.2f} MiB "
-                       f"({d.difference:+d} bytes), free {d.free // MiB} MiB, target {d.target // MiB} MiB: "
-                       + ("keeps the margin" if d.keeps_margin else "fits, margin missed" if d.fits else "OUT OF MEMORY"))
-        return out
-
-
-def run_params(args: LlamaArgs, fitted: Fitted, memory: Sequence[DeviceMemory]) -> ContextParams:
-    """ContextParams of the printed line run on top of the user's flags (``-fit off``)."""
-    p = fitted.as_printed()
-    cp = args.context_params(n_ctx=p.c, n_gpu_layers=DEFAULT_N_GPU_LAYERS if p.ngl < 0 else p.ngl,
-                             tensor_split=tuple(float(x) for x in p.ts) if p.ts else args.tensor_split,
-                             tensor_overrides=args.tensor_overrides + p.ot)
-    return cp.replace(tensor_split=default_split(cp, memory))
-
-
-def real_run(model: LlamaHParams, args: LlamaArgs, result: FitResult) -> RealRun:
-    """Plan the printed parameters with the full reserve sequence and compare per device with the estimate."""
-    from toolkit.context import Context
-    mem = list(result.memory)
-    cp = run_params(args, result.fitted, mem)
-    ctx = Context(model, cp.replace(devices=tuple(strip_budget(s) for s in cp.devices)))
-    real, comp = context_breakdown(ctx, exact=True)
-    est = probe(model, cp, mem).breakdown
-    checks = tuple(DeviceCheck(m.name, m.free, t, e, r)
-                   for m, t, e, r in zip(mem, result.targets, est.devices, real.devices))
-    return RealRun(cp, checks, real.host, comp, tuple(ctx.kv_buffers_bytes.items()),
-                   tuple(ctx.model_buffers_bytes.items()), ctx.n_copies, ctx.pipeline_parallel)
-
-
-__all__ = ["DeviceCheck", "FitImpossible", "FitResult", "Fitted", "Probe", "ProbeParams", "RealRun",
-           "context_breakdown", "default_split", "device_memory", "fit_params", "fit_print", "overflow_pattern",
-           "probe", "real_run", "run_params"]
+__all__ = ["LAYER_FRACTION_ATTN", "LAYER_FRACTION_GATE", "LAYER_FRACTION_MOE", "LAYER_FRACTION_UP", "fit_params",
+           "fit_print", "overflow_pattern"]
