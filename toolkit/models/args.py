@@ -393,6 +393,9 @@ def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
     if int(d.get("n_expert", 0) or 0) > 0:
         raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
                                  f"({d['n_expert']} experts) are not implemented")
+    if d.get("has_rope_freqs") and "rope_freqs" not in LlamaHParams.__dataclass_fields__:
+        raise UnsupportedFeature("rope_freqs", f"model {d.get('name', '?')!r}: llama3 rope scaling with a "
+                                 "rope_freqs.weight tensor is not implemented")
     return LlamaHParams.from_dict(d)
 
 

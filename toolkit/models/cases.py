@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from toolkit.errors import UnsupportedFeature
+from toolkit.models.args import LlamaArgs, load_model_arg
 from toolkit.models.cparams import ContextParams
 from toolkit.models.hparams import LlamaHParams
 
@@ -45,7 +47,39 @@ def summary(ctx: Any) -> dict[str, Any]:
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
+        "kv_cache": kv_summary(ctx),
     }
+
+
+def kv_summary(ctx: Any) -> dict[str, Any]:
+    """What ``llama_kv_cache`` logs about itself: cells per stream, layers, sequences, K and V bytes."""
+    kv, rp = ctx.setup.kv, ctx.setup.resolved
+    return {"cells": kv.kv_size, "layers": len(kv.k), "n_seq_max": rp.n_seq_max, "n_stream": kv.n_stream,
+            "size_k_bytes": kv.k_bytes, "size_v_bytes": kv.v_bytes, "type_k": rp.type_k.lower,
+            "type_v": rp.type_v.lower}
+
+
+def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, Any]:
+    """Plan a llama.cpp command line: what :func:`plan_case` returns, plus the memory breakdown
+    table (``common_memory_breakdown_print`` at exit) when every device's memory is known."""
+    from toolkit.context import Context
+    from toolkit.memory import breakdown_table, context_breakdown, device_memory
+    hp = model if model is not None else load_model_arg(args.model)
+    try:
+        ctx = Context(hp, args.context_params())
+    except UnsupportedFeature:
+        raise
+    except ValueError as e:
+        return {"id": args.model, "error": str(e)}
+    out = {"id": args.model, **summary(ctx)}
+    bd, _ = context_breakdown(ctx, exact=True)
+    try:
+        mem = device_memory(args)
+    except ValueError:
+        out["memory_breakdown"] = None      # a device without a known memory size
+    else:
+        out["memory_breakdown"] = breakdown_table(bd, mem)
+    return out
 
 
 def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,6 +100,12 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
             for name, b in result["output_buffer_bytes"].items()]
     out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["kv_buffers_bytes"].items()]
+    kv = result.get("kv_cache")
+    if kv:
+        k, v = kv["size_k_bytes"], kv["size_v_bytes"]
+        out.append(f"llama_kv_cache: size = {(k + v) / 2**20:7.2f} MiB ({kv['cells']:6d} cells, {kv['layers']:3d} "
+                   f"layers, {kv['n_seq_max']:2d}/{kv['n_stream']} seqs), K ({kv['type_k']}): {k / 2**20:7.2f} MiB, "
+                   f"V ({kv['type_v']}): {v / 2**20:7.2f} MiB")
     if result["pipeline_parallel"]:
         out.append("llama_context: pipeline parallelism enabled")
     out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")
@@ -80,4 +120,5 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     out.append(f"sched_reserve: graph splits = {s}" if s == stg
                else f"sched_reserve: graph splits = {s} (with bs={bs}), {stg} (with bs=1)")
     out.append(f"sched_reserve: sched copies = {result['n_copies']}")
+    out += ["common_memory_breakdown_print: " + line for line in result.get("memory_breakdown") or ()]
     return out
