@@ -220,7 +220,7 @@ class _Fit:
                         reduction = (n_ctx_max - self.n_ctx) * bytes_per_ctx
                         self.trc(f"context size reduced from {n_ctx_max} to {self.n_ctx} -> need "
                                  f"{_cdiv(reduction, MiB)} MiB less memory in total")
-                        if nd <= 1:
+                        if nd <= 1 and (not self.exact or self.exact_context(n_ctx_min_total, align)):
                             self.trc("entire model can be fit by reducing context")
                             self.used_final = []
                             return
@@ -414,8 +414,49 @@ class _Fit:
         return [g.buft.name for g in ds.gpus]
 
     def commit(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int]) -> None:
+        if self.exact:
+            per_dev, mem = self.exact_layers(per_dev, overflow_bufts, mem)
         self.ngl, self.ts, self.ot = self.placement(per_dev, overflow_bufts)
         self.used_final = list(mem)
+
+    # ---- beyond llama.cpp: the exact fit checks every device on the full reserve -------------------
+    def exact_context(self, n_ctx_min: int, align: int) -> bool:
+        """The interpolated context, checked on the real buffers and lowered by ``align`` until it keeps
+        the margin (the minimum-context probe clamps n_ubatch, so the interpolation can overshoot)."""
+        target = self.memory[0].free - self.margins[0]
+        while True:
+            used = self.measure().used(0)
+            if used <= target:
+                return True
+            if self.n_ctx <= n_ctx_min:
+                self.trc(f"exact: {used // MiB} MiB at the min. context size {self.n_ctx} exceed the target "
+                         f"of {_cdiv(target, MiB)} MiB -> fitting layers")
+                return False
+            self.trc(f"exact: context size {self.n_ctx} uses {used // MiB} MiB > target {_cdiv(target, MiB)} MiB "
+                     f"-> {max(self.n_ctx - align, n_ctx_min)}")
+            self.n_ctx = max(self.n_ctx - align, n_ctx_min)
+
+    def exact_layers(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int]
+                     ) -> tuple[list[_Ngl], list[int]]:
+        """Every device against its target, not only the one being filled: a layer placed on an
+        earlier device can turn on pipeline parallelism and grow a later device's compute buffer."""
+        names = self.dev_names
+        per_dev = [n.copy() for n in per_dev]
+        targets = [m.free - t for m, t in zip(self.memory, self.margins)]
+        while True:
+            over = [d for d in range(self.nd) if mem[d] > targets[d]]
+            if not over:
+                return per_dev, mem
+            d = over[-1]
+            has = [j for j in range(self.nd) if per_dev[j].n_layer > 0]
+            if not has:
+                return per_dev, mem
+            j = d if per_dev[d].n_layer > 0 else has[-1]
+            per_dev[j].n_layer -= 1
+            per_dev[j].n_part = min(per_dev[j].n_part, per_dev[j].n_layer)
+            self.trc(f"exact: {names[d].rstrip()} uses {mem[d] // MiB} MiB > target {_cdiv(targets[d], MiB)} MiB "
+                     f"-> one layer less on device {j}")
+            mem = self.memory_for_layers(per_dev, overflow_bufts)
 
 
 def _cdiv(a: int, b: int) -> int:

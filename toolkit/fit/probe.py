@@ -62,16 +62,56 @@ def default_split(cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[fl
     return tuple(float(m.free) for m in memory)
 
 
+def real_context(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[Any, Any, str]:
+    """A context as a real program gets it: ``(unlimited, limited, error)``.
+
+    ``unlimited`` is planned without memory limits (what ``no_alloc`` sees). When its compute
+    buffers exceed what a device has left after its weights and KV cache, the context is planned
+    again with that rest as the device's compute budget, so llama.cpp's retry without pipeline
+    parallelism happens as in a real run (``limited``); ``error`` says why no context could be made.
+    RPC servers are not limited (the oracle's servers only report a size).
+    """
+    from toolkit.context import Context  # the context layer sits above models
+    base = cp.replace(devices=tuple(strip_budget(s) for s in cp.devices), tensor_split=default_split(cp, memory))
+    ctx = Context(hp, base)
+    bd, _ = context_breakdown(ctx, exact=True)
+    specs = list(base.devices)
+    kinds = [s.partition(":")[0].lower() for s in specs]
+    gpu_specs = [i for i, k in enumerate(kinds) if k not in ("cpu", "blas")]
+    over = False
+    for j, i in enumerate(gpu_specs[:len(memory)]):
+        if kinds[i] == "rpc" or j >= len(bd.devices):
+            continue
+        rest = memory[j].free - bd.devices[j].model - bd.devices[j].context
+        if bd.devices[j].compute > rest:
+            over = True
+        specs[i] = f"{kinds[i]}:{max(rest, 0)}"
+    if not over:
+        return ctx, ctx, ""
+    try:
+        return ctx, Context(hp, base.replace(devices=tuple(specs))), ""
+    except ValueError as e:
+        return ctx, None, str(e)
+
+
 def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
-    """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights."""
+    """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights.
+
+    ``exact`` reads the buffers a real context allocates instead: the full reserve sequence
+    (pp → tg → pp), with the retry without pipeline parallelism when a device runs out of memory.
+    """
     from toolkit.context import Context  # the context layer sits above models
     pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
                      tensor_split=default_split(cp, memory))
-    ctx = Context(hp, pcp)
+    if exact:
+        unlimited, ctx, _ = real_context(hp, pcp, memory)
+        ctx = ctx if ctx is not None else unlimited   # out of memory: the unlimited need, above the free memory
+    else:
+        ctx = Context(hp, pcp)
     bd, comp = context_breakdown(ctx, exact=exact)
     params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split, cp.tensor_overrides)
     return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
                  tuple(breakdown_table(bd, memory)))
 
 
-__all__ = ["Probe", "ProbeParams", "default_split", "probe"]
+__all__ = ["Probe", "ProbeParams", "default_split", "probe", "real_context"]

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolkit.fit.probe import default_split, probe
+from toolkit.fit.probe import default_split, probe, real_context
 from toolkit.fit.result import FitResult, Fitted
-from toolkit.memory import DeviceMemory, MemoryRow, MiB, context_breakdown, strip_budget
+from toolkit.memory import DeviceMemory, MemoryRow, MiB, context_breakdown
 from toolkit.models.args import LlamaArgs
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import LlamaHParams
@@ -61,15 +61,19 @@ class RealRun:
     model_bytes: tuple[tuple[str, int], ...]
     n_copies: int
     pipeline_parallel: bool
+    fallback: bool = False          # a device ran out of memory with pipeline parallelism: retried without
+    error: str = ""                 # no context could be created (out of memory even without it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"devices": [d.to_dict() for d in self.devices], "host": vars(self.host),
                 "compute_buffers_bytes": dict(self.compute_bytes), "kv_buffers_bytes": dict(self.kv_bytes),
                 "model_buffers_bytes": dict(self.model_bytes), "n_copies": self.n_copies,
-                "pipeline_parallel": self.pipeline_parallel}
+                "pipeline_parallel": self.pipeline_parallel, "fallback": self.fallback, "error": self.error}
 
     def lines(self) -> list[str]:
-        out = []
+        out = [f"the context cannot be created: {self.error}"] if self.error else []
+        if self.fallback:
+            out.append("compute buffer allocation failed with pipeline parallelism; llama.cpp retries without it")
         for d in self.devices:
             out.append(f"{d.name}: estimate {d.estimate.total / MiB:.2f} MiB, real {d.real.total / MiB:.2f} MiB "
                        f"({d.difference:+d} bytes), free {d.free // MiB} MiB, target {d.target // MiB} MiB: "
@@ -92,17 +96,19 @@ def run_params(args: LlamaArgs, fitted: Fitted, memory: Sequence[DeviceMemory], 
 def real_run(model: LlamaHParams, args: LlamaArgs, result: FitResult, *, in_process: bool = False) -> RealRun:
     """Plan the printed parameters (or, ``in_process``, fit's own) with the full reserve sequence and
     compare per device with llama.cpp's estimate for them."""
-    from toolkit.context import Context
     mem = list(result.memory)
     # after a failed fit the program continues with the parameters as fit left them
     cp = run_params(args, result.fitted, mem, in_process=in_process or result.status != "success")
-    ctx = Context(model, cp.replace(devices=tuple(strip_budget(s) for s in cp.devices)))
+    unlimited, limited, error = real_context(model, cp, mem)
+    ctx = limited if limited is not None else unlimited
     real, comp = context_breakdown(ctx, exact=True)
     est = probe(model, cp, mem).breakdown
     checks = tuple(DeviceCheck(m.name, m.free, t, e, r)
                    for m, t, e, r in zip(mem, result.targets, est.devices, real.devices))
     return RealRun(cp, checks, real.host, comp, tuple(ctx.kv_buffers_bytes.items()),
-                   tuple(ctx.model_buffers_bytes.items()), ctx.n_copies, ctx.pipeline_parallel)
+                   tuple(ctx.model_buffers_bytes.items()), ctx.n_copies, ctx.pipeline_parallel,
+                   fallback=limited is not None and limited is not unlimited
+                   and limited.n_copies != unlimited.n_copies, error=error)
 
 
 __all__ = ["DeviceCheck", "RealRun", "real_run", "run_params"]

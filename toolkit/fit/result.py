@@ -80,7 +80,9 @@ class FitResult:
     @property
     def printed_differs(self) -> bool:
         """True when the printed line runs with another split than fit decided in process."""
-        return self.status == "success" and self.fitted.as_printed().ts != self.fitted.ts
+        ts = self.fitted.ts
+        # an all-zero split is the default split by free memory, with or without -ts
+        return self.status == "success" and bool(ts) and any(ts) and self.fitted.as_printed().ts != ts
 
     def missing_mib(self) -> dict[str, int]:
         """MiB each device lacks to keep its margin with the fitted parameters (only short devices)."""
