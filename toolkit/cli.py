@@ -147,9 +147,9 @@ def cmd_fit(argv: Sequence[str]) -> int:
             json.dump(out, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
-            for r in out:
-                print(f"===== CASE {r['id']}")
-                print(r.get("printed") or r.get("error", ""))
+            for one in out:
+                print(f"===== CASE {one['id']}")
+                print(one.get("printed") or one.get("error", ""))
         return 0
     args = parse_args(rest, env=os.environ)
     hp = load_model_arg(args.model)

@@ -82,7 +82,7 @@ class FitResult:
         """True when the printed line runs with another split than fit decided in process."""
         ts = self.fitted.ts
         # an all-zero split is the default split by free memory, with or without -ts
-        return self.status == "success" and bool(ts) and any(ts) and self.fitted.as_printed().ts != ts
+        return self.status == "success" and ts is not None and any(ts) and self.fitted.as_printed().ts != ts
 
     def missing_mib(self) -> dict[str, int]:
         """MiB each device lacks to keep its margin with the fitted parameters (only short devices)."""
