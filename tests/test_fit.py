@@ -254,3 +254,48 @@ def test_overflow_patterns_and_printed_form() -> None:
     assert Fitted(4096, 9, (7, 2, 0), ()).printed() == "-c 4096 -ngl 9 -ts 7,2"
     assert Fitted(4096, -1, None, ()).printed() == "-c 4096 -ngl -1"
     assert MiB == 1 << 20
+
+
+# ---- mixture of experts: the placement fit decided, mapped to -ngl/-ts/-ot -------------------------
+
+_FINAL = re.compile(r"common_params_fit_impl:   - RPC(\d+) \(.*?\):\s+(\d+) layers(?: \(\s*(\d+) overflowing\))?,")
+_TYPE = re.compile(r"set ngl_per_device\[(\d+)\]\.\(n_layer, n_part, overflow_type\)=\(\d+, \d+, (UP|GATE|ATTN)\)")
+MOE_PLACED = [c["id"] for c in fit_cases() if c["model"].get("n_expert") and c["fit"]["printed"]
+              and "fit-print" not in c["kind"] and "-ngl -1" not in c["fit"]["printed"]]
+
+
+@pytest.mark.parametrize("cid", MOE_PLACED)
+def test_moe_placement_gives_the_printed_overrides(cid: str) -> None:
+    """set_ngl_tensor_split_tbo on the layer counts fit logged (per device: layers, partial layers,
+    the overflow type of the first partial layer) gives llama-fit-params' -ngl, -ts and -ot.
+
+    The MoE models themselves cannot be planned yet; this checks the mapping step on its own."""
+    from toolkit.fit import (
+        LAYER_FRACTION_ATTN,
+        LAYER_FRACTION_GATE,
+        LAYER_FRACTION_MOE,
+        LAYER_FRACTION_UP,
+        LayerCount,
+        set_ngl_tensor_split_tbo,
+    )
+    c = _case(cid)
+    lines = c["fit"]["fit_log_lines"]
+    nd = len(c["inputs"]["server_free_mib"])
+    per_dev = [LayerCount() for _ in range(nd)]
+    for line in lines:
+        if m := _FINAL.search(line):
+            d, n, part = int(m.group(1)), int(m.group(2)), m.group(3)
+            if part is None:
+                # dense-only layers: all partial, except the output layer on the last device
+                part = n if d < nd - 1 or n == 0 else n - 1
+            per_dev[d] = LayerCount(n, int(part), per_dev[d].overflow_type)
+        if m := _TYPE.search(line):
+            kind = {"UP": LAYER_FRACTION_UP, "GATE": LAYER_FRACTION_GATE, "ATTN": LAYER_FRACTION_ATTN}[m.group(2)]
+            per_dev[int(m.group(1))].overflow_type = kind
+    bufts = ["CPU"] * nd
+    for d in range(nd - 1):
+        if per_dev[d].overflow_type != LAYER_FRACTION_MOE:
+            bufts[d] = f"RPC0[127.0.0.1:{50063 + d}]"
+    ngl, ts, ot = set_ngl_tensor_split_tbo(per_dev, bufts, int(c["model"]["n_layer"]))
+    f = Fitted(c["fit"]["fitted"]["c"], ngl, tuple(int(x) for x in ts) if ts else None, ot)
+    assert f.printed() == c["fit"]["printed"]

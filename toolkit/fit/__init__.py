@@ -30,14 +30,17 @@ from toolkit.fit.impl import (
     LAYER_FRACTION_GATE,
     LAYER_FRACTION_MOE,
     LAYER_FRACTION_UP,
+    LayerCount,
     fit_params,
     fit_print,
     overflow_pattern,
+    set_ngl_tensor_split_tbo,
 )
 from toolkit.fit.probe import Probe, ProbeParams, default_split, probe
 from toolkit.fit.real import DeviceCheck, RealRun, real_run, run_params
 from toolkit.fit.result import FitImpossible, FitPrint, FitResult, Fitted
 
 __all__ = ["LAYER_FRACTION_ATTN", "LAYER_FRACTION_GATE", "LAYER_FRACTION_MOE", "LAYER_FRACTION_UP", "DeviceCheck",
-           "FitImpossible", "FitPrint", "FitResult", "Fitted", "Probe", "ProbeParams", "RealRun", "default_split",
-           "fit_params", "fit_print", "overflow_pattern", "probe", "real_run", "run_params"]
+           "FitImpossible", "FitPrint", "FitResult", "Fitted", "LayerCount", "Probe", "ProbeParams", "RealRun",
+           "default_split", "fit_params", "fit_print", "overflow_pattern", "probe", "real_run", "run_params",
+           "set_ngl_tensor_split_tbo"]

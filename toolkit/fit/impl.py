@@ -49,7 +49,7 @@ class _FitAbort(Exception):
 
 
 @dataclass
-class _Ngl:
+class LayerCount:
     """``ngl_t``: layers on one device, how many of them partial, and the first one's overflow."""
 
     n_layer: int = 0
@@ -60,8 +60,33 @@ class _Ngl:
     def n_full(self) -> int:
         return self.n_layer - self.n_part
 
-    def copy(self) -> _Ngl:
-        return _Ngl(self.n_layer, self.n_part, self.overflow_type)
+    def copy(self) -> LayerCount:
+        return LayerCount(self.n_layer, self.n_part, self.overflow_type)
+
+
+def set_ngl_tensor_split_tbo(per_dev: Sequence[LayerCount], overflow_bufts: Sequence[str], n_layer: int
+                             ) -> tuple[int, tuple[float, ...] | None, tuple[tuple[str, str], ...]]:
+    """``set_ngl_tensor_split_tbo``: layers per device → ``-ngl``, ``-ts`` (several devices) and ``-ot``.
+
+    The GPU layers are the last ``ngl`` of ``n_layer + 1`` (the output layer counts), contiguous per
+    device in device order; each device's partial layers come after its full ones: the first uses
+    the device's overflow type and buffer type, the others send their experts to the CPU (MOE).
+    """
+    ngl = sum(n.n_layer for n in per_dev)
+    ts = tuple(float(n.n_layer) for n in per_dev) if len(per_dev) > 1 else None
+    il0 = n_layer + 1 - ngl
+    ot: list[tuple[str, str]] = []
+    for d, n in enumerate(per_dev):
+        il0 += n.n_full
+        for il in range(il0, il0 + n.n_part):
+            if len(ot) + 1 >= MAX_TENSOR_BUFT_OVERRIDES:
+                raise _FitAbort(f"llama_max_tensor_buft_overrides() == {MAX_TENSOR_BUFT_OVERRIDES} is insufficient "
+                                "for model")
+            first = il == il0
+            ot.append((overflow_pattern(il, n.overflow_type if first else LAYER_FRACTION_MOE),
+                       overflow_bufts[d] if first else "CPU"))
+        il0 += n.n_part
+    return ngl, ts, tuple(ot)
 
 
 @dataclass
@@ -109,27 +134,13 @@ class _Fit:
         return p
 
     # set_ngl_tensor_split_tbo
-    def placement(self, per_dev: list[_Ngl], overflow_bufts: list[str]
+    def placement(self, per_dev: list[LayerCount], overflow_bufts: list[str]
                   ) -> tuple[int, tuple[float, ...] | None, tuple[tuple[str, str], ...]]:
-        hp_ngl = self.hp.n_layer
-        ngl = sum(n.n_layer for n in per_dev)
-        ts = tuple(float(n.n_layer) for n in per_dev) if self.nd > 1 else self.ts
-        il0 = hp_ngl + 1 - ngl
-        ot: list[tuple[str, str]] = []
-        for d, n in enumerate(per_dev):
-            il0 += n.n_full
-            for il in range(il0, il0 + n.n_part):
-                if len(ot) + 1 >= MAX_TENSOR_BUFT_OVERRIDES:
-                    raise _FitAbort(f"llama_max_tensor_buft_overrides() == {MAX_TENSOR_BUFT_OVERRIDES} is insufficient "
-                                    "for model")
-                first = il == il0
-                ot.append((overflow_pattern(il, n.overflow_type if first else LAYER_FRACTION_MOE),
-                           overflow_bufts[d] if first else "CPU"))
-            il0 += n.n_part
-        return ngl, ts, tuple(ot)
+        ngl, ts, ot = set_ngl_tensor_split_tbo(per_dev, overflow_bufts, self.hp.n_layer)
+        return ngl, ts if ts is not None else self.ts, ot
 
     # get_memory_for_layers
-    def memory_for_layers(self, per_dev: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
+    def memory_for_layers(self, per_dev: list[LayerCount], overflow_bufts: list[str]) -> list[int]:
         ngl, ts, ot = self.placement(per_dev, overflow_bufts)
         p = self.measure(ngl=ngl, ts=ts, ot=ot)
         self.trc("memory for test allocation by device:")
@@ -264,7 +275,7 @@ class _Fit:
         for d in range(nd):
             self.trc(f"id={d}, target={_cdiv(targets[d], MiB)} MiB")
         overflow_bufts = ["CPU"] * nd
-        per_dev = [_Ngl() for _ in range(nd)]
+        per_dev = [LayerCount() for _ in range(nd)]
         mem = self.memory_for_layers(per_dev, overflow_bufts)
         self.trc("filling dense layers back-to-front:" if hp_nex == 0 else "filling dense-only layers back-to-front:")
         names = self.dev_names
@@ -304,7 +315,8 @@ class _Fit:
             return
         self.fill_moe(per_dev, overflow_bufts, mem, targets)
 
-    def fill_moe(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int], targets: list[int]) -> None:
+    def fill_moe(self, per_dev: list[LayerCount], overflow_bufts: list[str], mem: list[int],
+                 targets: list[int]) -> None:
         """Step 4 of common_params_fit_impl: dense-only layers become full layers, front to back."""
         nd = self.nd
         names = self.dev_names
@@ -413,7 +425,7 @@ class _Fit:
         ds = make_devices(tuple(strip_budget(s) for s in cp.devices), split_mode=cp.split_mode, main_gpu=cp.main_gpu)
         return [g.buft.name for g in ds.gpus]
 
-    def commit(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int]) -> None:
+    def commit(self, per_dev: list[LayerCount], overflow_bufts: list[str], mem: list[int]) -> None:
         if self.exact:
             per_dev, mem = self.exact_layers(per_dev, overflow_bufts, mem)
         self.ngl, self.ts, self.ot = self.placement(per_dev, overflow_bufts)
@@ -436,8 +448,8 @@ class _Fit:
                      f"-> {max(self.n_ctx - align, n_ctx_min)}")
             self.n_ctx = max(self.n_ctx - align, n_ctx_min)
 
-    def exact_layers(self, per_dev: list[_Ngl], overflow_bufts: list[str], mem: list[int]
-                     ) -> tuple[list[_Ngl], list[int]]:
+    def exact_layers(self, per_dev: list[LayerCount], overflow_bufts: list[str], mem: list[int]
+                     ) -> tuple[list[LayerCount], list[int]]:
         """Every device against its target, not only the one being filled: a layer placed on an
         earlier device can turn on pipeline parallelism and grow a later device's compute buffer."""
         names = self.dev_names
@@ -530,5 +542,5 @@ def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemor
     return FitPrint(tuple(rows), p, tuple(log))
 
 
-__all__ = ["LAYER_FRACTION_ATTN", "LAYER_FRACTION_GATE", "LAYER_FRACTION_MOE", "LAYER_FRACTION_UP", "fit_params",
-           "fit_print", "overflow_pattern"]
+__all__ = ["LAYER_FRACTION_ATTN", "LAYER_FRACTION_GATE", "LAYER_FRACTION_MOE", "LAYER_FRACTION_UP", "LayerCount",
+           "fit_params", "fit_print", "overflow_pattern", "set_ngl_tensor_split_tbo"]
