@@ -299,3 +299,20 @@ def test_moe_placement_gives_the_printed_overrides(cid: str) -> None:
     ngl, ts, ot = set_ngl_tensor_split_tbo(per_dev, bufts, int(c["model"]["n_layer"]))
     f = Fitted(c["fit"]["fitted"]["c"], ngl, tuple(int(x) for x in ts) if ts else None, ot)
     assert f.printed() == c["fit"]["printed"]
+
+
+def test_cpu_only_fit_compares_host_total_memory() -> None:
+    """Without model devices fit compares the host's total memory (--device cpu:SIZE) and can only
+    shrink the context; when even --fit-ctx does not fit, it gives up and says what is missing."""
+    hp = presets.small()
+    ok = fit_params(hp, parse_args(["--device", "cpu:64G"]))
+    assert ok.status == "success" and ok.printed == "-c 4096 -ngl -1"
+    assert any("MiB of total host memory" in line for line in ok.log_lines)
+    shrunk = fit_params(hp, parse_args(["--device", "cpu:140M", "--fit-ctx", "256", "--fit-target", "16"]))
+    assert shrunk.status == "success" and 256 <= shrunk.fitted.c < 4096
+    assert "common_params_fit_impl: entire model can be fit by reducing context" in shrunk.log_lines
+    short = fit_params(hp, parse_args(["--device", "cpu:80M", "--fit-ctx", "256", "--fit-target", "16"]))
+    assert short.status == "failure" and "unable to fit model into system memory" in short.error
+    with pytest.raises(FitImpossible) as e:
+        short.check()
+    assert set(e.value.missing_mib) == {"Host"} and e.value.missing_mib["Host"] > 0

@@ -97,6 +97,7 @@ class _Fit:
     margins: list[int]
     n_ctx_min: int
     exact: bool
+    host: DeviceMemory | None = None
     log: list[str] = field(default_factory=list)
     probes: list[Probe] = field(default_factory=list)
     # the parameters as common_params_fit_impl edits them in place
@@ -174,7 +175,18 @@ class _Fit:
         sum_free = sum_used = sum_proj_free = sum_model = 0
         proj_free: list[int] = []
         if nd == 0:
-            raise _FitAbort("fitting without model devices compares host memory, which the toolkit is not given")
+            # CPU only: the host's total (not free) memory against the first margin
+            if self.host is None:
+                raise _FitAbort("no model devices and no host memory given (--device cpu:SIZE), abort")
+            sum_used = full.breakdown.host.total
+            sum_free = self.host.total
+            sum_proj_free = sum_free - sum_used
+            self.trc(f"projected to use {sum_used // MiB} MiB of host memory vs. {sum_free // MiB} MiB of total host "
+                     "memory")
+            if sum_proj_free >= margins[0]:
+                self.trc(f"will leave {_cdiv(sum_proj_free, MiB)} >= {margins[0] // MiB} MiB of system memory, "
+                         "no changes needed")
+                return
         if nd > 1:
             self.trc("projected memory use with initial parameters [MiB]:")
         names = self.dev_names
@@ -189,9 +201,12 @@ class _Fit:
             if nd > 1:
                 self.trc(f"  - {names[d]}: {self.memory[d].total // MiB:6d} total, {used // MiB:6d} used, "
                          f"{_cdiv(free, MiB):6d} free vs. target of {margins[d] // MiB:6d}")
-        self.trc(f"projected to use {sum_used // MiB} MiB of device memory vs. {sum_free // MiB} MiB of free "
-                 "device memory")
-        if nd == 1:
+        if nd > 0:
+            self.trc(f"projected to use {sum_used // MiB} MiB of device memory vs. {sum_free // MiB} MiB of free "
+                     "device memory")
+        if nd == 0:
+            pass
+        elif nd == 1:
             if proj_free[0] >= margins[0]:
                 self.trc(f"will leave {_cdiv(proj_free[0], MiB)} >= {margins[0] // MiB} MiB of free device memory, "
                          "no changes needed")
@@ -221,7 +236,7 @@ class _Fit:
                         target -= (nd + 1) * model_per_layer // (2 if hp_nex == 0 else 6)
                     self.n_ctx = n_ctx_min_total
                     mn = self.measure()
-                    used_min = sum(mn.used(d) for d in range(nd))
+                    used_min = sum(mn.used(d) for d in range(nd)) if nd else mn.breakdown.host.total
                     if target > used_min:
                         self.n_ctx += _cdiv((n_ctx_max - n_ctx_min_total) * (target - used_min), sum_used - used_min)
                         self.n_ctx &= 0xFFFFFFFF
@@ -244,6 +259,9 @@ class _Fit:
                              f"{n_ctx_min_total} -> no change")
             else:
                 self.trc(f"context size set by user to {self.n_ctx} -> no change")
+
+        if nd == 0:
+            raise _FitAbort("was unable to fit model into system memory by reducing context, abort")
 
         # step 3: what the user fixed stops layer fitting
         if self.ngl != N_GPU_LAYERS_AUTO:
@@ -495,7 +513,8 @@ def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemo
     """
     mem = list(memory) if memory is not None else device_memory(args)
     nd = len(mem)
-    f = _Fit(model, args, mem, fit_targets_bytes(args, nd), args.fit_ctx, exact)
+    host = DeviceMemory("Host", "CPU", args.host_memory, args.host_memory) if args.host_memory else None
+    f = _Fit(model, args, mem, fit_targets_bytes(args, nd), args.fit_ctx, exact, host)
     t0 = time.perf_counter()
     status, error = "success", ""
     try:
@@ -515,17 +534,18 @@ def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemo
     ts = tuple(int(x) for x in f.ts) if f.ts else None
     fitted = Fitted(n_ctx, f.ngl, ts, f.ot)
     used = f.used_final
-    if len(used) != nd:
+    host_used = 0
+    if len(used) != nd or nd == 0:
         # the answer came from a context reduction: measure what the chosen parameters use
         cp = args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if f.ngl < 0 else f.ngl,
                                  tensor_split=f.ts, tensor_overrides=f.ot)
         try:
             p = probe(model, cp, mem, exact=exact)
-            used = [p.used(d) for d in range(nd)]
+            used, host_used = [p.used(d) for d in range(nd)], p.breakdown.host.total
         except ValueError:
             used = []
     return FitResult(status, fitted, tuple(f.probes), tuple(f.log), tuple(mem), tuple(f.margins), error, secs,
-                     exact, tuple(used))
+                     exact, tuple(used), host, host_used)
 
 
 def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> FitPrint:

@@ -71,6 +71,8 @@ class FitResult:
     seconds: float = 0.0
     exact: bool = False
     used: tuple[int, ...] = ()                   # projected bytes per device for the fitted params
+    host: DeviceMemory | None = None             # CPU only: the host memory compared (total)
+    host_used: int = 0
 
     @property
     def printed(self) -> str:
@@ -91,6 +93,10 @@ class FitResult:
             short = used - (m.free - t)
             if short > 0:
                 out[m.name] = -(-short // MiB)
+        if not self.memory and self.host is not None and self.targets:
+            short = self.host_used - (self.host.total - self.targets[0])
+            if short > 0:
+                out["Host"] = -(-short // MiB)
         return out
 
     def check(self) -> FitResult:

@@ -85,6 +85,7 @@ class LlamaArgs:
     fit_print: bool = False
     force_pipeline_parallel: bool = False
     device_memory: tuple[int, ...] = ()   # --device-memory: free (= total) bytes per model device
+    host_memory: int | None = None        # --device cpu:SIZE: the host's total memory (CPU-only fit)
     set_flags: frozenset[str] = field(default_factory=frozenset)
 
     @property
@@ -281,7 +282,12 @@ def _add_ncmoe(st: dict[str, Any], flag: str, raw: str) -> None:
 
 
 def _add_devices(st: dict[str, Any], flag: str, raw: str) -> None:
+    from toolkit.models.devices import parse_bytes
     st["devices_dev"] = _devices(flag, raw)
+    for s in raw.split(","):
+        kind, _, arg = s.strip().partition(":")
+        if kind.lower() == "cpu" and arg:
+            st["host_memory"] = parse_bytes(arg)
 
 
 def _add_rpc(st: dict[str, Any], flag: str, raw: str) -> None:
