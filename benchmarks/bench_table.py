@@ -84,8 +84,9 @@ def ggml_plan_time(ctx: Context, repeat: int) -> float | None:
 def reserve_times(ctx: Context, repeat: int) -> tuple[float, float, float]:
     """(reuse ms, rebuild ms, rebuild's sched_new ms), each the minimum over ``repeat`` rounds.
 
-    Each round first grows max_nodes past the scheduler's (a new scheduler under llama.cpp #32009's reuse rule), then goes back to
-    the original max_nodes (<= the scheduler's: it is kept). ctx ends at its original max_nodes.
+    Each round first grows max_nodes past the scheduler's (a new scheduler under llama.cpp #32009's reuse
+    rule), then goes back to the original max_nodes (<= the scheduler's: it is kept). ctx ends at its
+    original max_nodes.
     """
     m = ctx.events[-1].params.max_nodes
     reuse, rebuild, new = [], [], []

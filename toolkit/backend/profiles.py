@@ -88,7 +88,8 @@ def rpc_like(
 def blas_like(cpu_backend: Backend | BufferType | None = None, *, name: str = "BLAS",
               executor: object | None = None) -> Backend:
     """``BLAS``: an accelerator that runs only MUL_MAT (plus NONE and the view ops, which ggml-blas
-    also accepts) and shares the CPU's buft (``ggml_backend_sched_split_graph`` pass 3 upgrades CPU nodes to it). Reads any host buffer."""
+    also accepts) and shares the CPU's buft (``ggml_backend_sched_split_graph`` pass 3 upgrades CPU nodes to
+    it). Reads any host buffer."""
     if isinstance(cpu_backend, Backend):
         buft = cpu_backend.buft
     elif isinstance(cpu_backend, BufferType):

@@ -109,7 +109,8 @@ def make_devices(specs: Sequence[str], *, split_mode: str = "layer", main_gpu: i
         if not 0 <= main_gpu < len(gpus):
             raise ValueError(f"main_gpu={main_gpu} is out of range for {len(gpus)} device(s)")
         gpus, names = [gpus[main_gpu]], [names[main_gpu]]
-    # llama_context's constructor: with a model device, the CPU backend computes in devices[0]'s host buft (e.g. pinned memory)
+    # llama_context's constructor: with a model device, the CPU backend computes in devices[0]'s host buft
+    # (e.g. pinned memory)
     host = gpus[0].host_buft if gpus else None
     cpu = profiles.cpu(host if host is not None else cpu_buft)
     # the CPU device reads its own buft and its extra (repack) buft, as ggml-cpu's supports_buft does

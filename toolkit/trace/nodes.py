@@ -292,7 +292,8 @@ def _packed(e: EqnView, ins: list[Tensor], name: str, base: dict[str, Any]) -> l
     """A multi-output equation: one node holding every output back to back, one VIEW per output.
 
     ggml nodes have one result; packing keeps the outputs' bytes in one allocation that
-    lives until the last view's last user (``ggml_gallocr_alloc_graph_impl`` counts n_views), as the equation produces them together.
+    lives until the last view's last user (``ggml_gallocr_alloc_graph_impl`` counts n_views), as the equation
+    produces them together.
     """
     types = [ggml_type(d) for d in e.out_dtypes]
     sizes = [Tensor(t, ne_of(s)).nbytes for t, s in zip(types, e.out_shapes, strict=True) if t is not None]

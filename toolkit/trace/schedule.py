@@ -65,7 +65,8 @@ class Schedule:
     @classmethod
     def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
-        """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's srcs, so it is split once)."""
+        """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's
+        srcs, so a graph is split once)."""
         from toolkit.sched import Scheduler
 
         first = traced.build()

@@ -354,7 +354,8 @@ class Dashboard:
         self._draw()
 
     def _sync_flags(self, parallel: bool, op_offload: bool) -> None:
-        # the fallback of llama_context::sched_reserve clears pipeline_parallel: the checkbox shows what the context uses
+        # the fallback of llama_context::sched_reserve clears pipeline_parallel: the checkbox shows what
+        # the context uses
         self._syncing = True
         try:
             self.controls["parallel"].value = bool(parallel)

@@ -44,7 +44,8 @@ def reasons_text(ev: ReserveEvent) -> str:
     if ev.previous is None and ev.decision != "error":
         return "first scheduler"
     if ev.decision == "reused" and ev.previous is not None:
-        # nothing differed: say what the rule compared (llama_context::sched_new of #32009: max_nodes <= held, same flags)
+        # nothing differed: say what the rule compared (llama_context::sched_new of #32009: max_nodes <= held,
+        # same flags)
         return f"max_nodes {ev.params.max_nodes} <= {ev.previous.max_nodes}, same flags"
     return ""
 
@@ -155,7 +156,8 @@ def split_map_text(plan: Plan, collapse: Collapse = "layer") -> str:
 
 
 def chunk_bases(b: BufferPlan) -> list[int]:
-    """Start of each chunk when a buffer's chunks are drawn one above the other (ggml's vbuffer: one backend buffer per chunk)."""
+    """Start of each chunk when a buffer's chunks are drawn one above the other (ggml's vbuffer: one backend
+    buffer per chunk)."""
     bases, acc = [], 0
     for c in b.chunks:
         bases.append(acc)
