@@ -37,7 +37,8 @@ class ContextParams:
     ``"cuda"``/``"cuda:BUDGET"``, ``"sim"``/``"sim:BUDGET"`` (simulated accelerators,
     BUDGET a byte count such as ``64M`` capping their compute buffers), ``"metal"``,
     ``"blas"`` (an ACCEL device). ``force_pipeline_parallel`` is the oracle's
-    ``ORACLE_FORCE_PP``: it skips only the async/events capability check (§7.3).
+    ``ORACLE_FORCE_PP``: it skips only the async/events capability check of the ``llama_context``
+    constructor's pipeline-parallelism condition.
     """
 
     n_ctx: int = 4096
