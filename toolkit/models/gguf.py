@@ -70,13 +70,18 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
         return f.require_int(f.arch_key(name))
 
     n_embd, n_head = req("embedding_length"), req("attention.head_count")
+    n_layer = req("block_count")
+    if n_layer > len(f.tensors):  # each block has its own weights; refuse before listing them
+        key = f.arch_key("block_count")
+        raise GGUFError(f.path, f"{n_layer} blocks, but the file has {len(f.tensors)} tensors",
+                        f.fields[key].offset, key)
     dtype, overrides = weight_types(f)
     rot = f.get_int(f.arch_key("rope.dimension_count"))
     head = f.get_int(f.arch_key("attention.key_length"))
     head_default = n_embd // n_head if n_head else 0
     try:
         hp = LlamaHParams(
-            n_layer=req("block_count"), n_embd=n_embd, n_head=n_head,
+            n_layer=n_layer, n_embd=n_embd, n_head=n_head,
             n_head_kv=f.get_int(f.arch_key("attention.head_count_kv"), n_head) or 0,
             n_ff=req("feed_forward_length"), n_vocab=n_vocab(f),
             n_ctx_train=f.get_int(f.arch_key("context_length"), 4096) or 0,

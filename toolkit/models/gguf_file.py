@@ -204,8 +204,8 @@ class _Cursor:
         at = self.pos
         n = self.u64(field)
         if n * min_size > self.size - self.pos:
-            raise self.fail(f"count {n} cannot fit in the {self.size - self.pos} byte(s) left of {self.size}",
-                            field, at)
+            raise self.fail(f"count {n} cannot fit in the {self.size - self.pos} byte(s) left of {self.size} "
+                            "(the file is truncated or the count is corrupt)", field, at)
         return n
 
     def raw_string(self, field: str) -> bytes:
