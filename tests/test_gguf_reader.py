@@ -161,3 +161,12 @@ def test_lazy_arrays_and_metadata_accessors(typed_files: dict[str, Path]) -> Non
     assert f.get_int("llama.block_count") == 2 and f.get_float("llama.attention.layer_norm_rms_epsilon") == 1e-5
     data: Any = f.tensor_data("blk.0.attn_q.weight")
     assert data.shape == (64, 64) and not data.flags.writeable
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import toolkit.models.gguf_file as mod
+
+    res = doctest.testmod(mod)
+    assert res.attempted >= 5 and res.failed == 0
