@@ -13,6 +13,7 @@ from types import FrameType
 import gguf
 import numpy as np
 import pytest
+from fuzzcount import TRIED
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,6 +97,7 @@ def test_truncated_at_every_field_boundary(valid: bytes, tmp_path: Path) -> None
             if n > len(valid):
                 continue
             path.write_bytes(valid[:n])
+            TRIED["GGUF truncated at a field boundary"] += 1
             out = load(path)
             if n < last_data:
                 assert out != "loaded", (n, out)
@@ -121,6 +123,7 @@ def test_flipped_bytes_load_or_raise_gguf_error(valid: bytes, scratch: Path,
         data[pos % header if in_header else pos % len(data)] ^= x
     path = scratch / "flipped.gguf"
     path.write_bytes(bytes(data))
+    TRIED["GGUF with flipped bytes"] += 1
     load(path)  # returns, or raises GGUFError / UnsupportedFeature; anything else fails the test
 
 
