@@ -99,3 +99,24 @@ def test_plan_prints_llama_cpp_lines(capsys: pytest.CaptureFixture[str]) -> None
     assert "common_memory_breakdown_print: |   - SIM0 (simulated accelerator) | 24576 = 24576 + (" in text
     assert cli.main(["plan", "-m", "tiny", "-fa", "sometimes"]) == 2
     assert "-fa='sometimes' is not accepted: expected on|off|auto" in capsys.readouterr().err
+
+
+def test_plan_and_fit_read_a_gguf_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """-m takes a real GGUF file (written by the gguf package); only its metadata is read."""
+    import dataclasses
+
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models import presets
+    hp = dataclasses.replace(presets.small(), n_vocab=512, name="g")
+    path = tmp_path / "g.gguf"
+    write_gguf(path, hp, seed=3)
+    (tmp_path / "g.json").write_text(json.dumps(hp.to_dict()))
+    argv = ["-c", "1024", "-ngl", "3", "-fa", "on", "--device", "sim:1G"]
+    assert cli.main(["plan", "-m", str(path), *argv, "--json"]) == 0
+    from_file = json.loads(capsys.readouterr().out)
+    assert cli.main(["plan", "-m", str(tmp_path / "g.json"), *argv, "--json"]) == 0
+    from_dict = json.loads(capsys.readouterr().out)
+    for f in FIELDS:
+        assert from_file[f] == from_dict[f]
+    assert cli.main(["fit", "-m", str(path), "--device", "sim:1100M"]) == 0
+    assert capsys.readouterr().out.startswith("-c 4096 -ngl ")
