@@ -316,3 +316,40 @@ def test_cpu_only_fit_compares_host_total_memory() -> None:
     with pytest.raises(FitImpossible) as e:
         short.check()
     assert set(e.value.missing_mib) == {"Host"} and e.value.missing_mib["Host"] > 0
+
+
+# ---- -fit on inside the program: plan fits first, as common_init_result does ----------------------
+
+def _fit_on(run: dict[str, Any]) -> bool:
+    args = run["cli_args"]
+    return args[args.index("-fit") + 1] == "on"
+
+
+FIT_ON_RUNS = [(cid, key) for cid in DENSE for key in ("run", "run_fit_on") if key in _case(cid)
+               and _fit_on(_case(cid)[key])]
+
+
+@pytest.mark.parametrize(("cid", "key"), FIT_ON_RUNS)
+def test_plan_with_fit_on_is_the_program_run(cid: str, key: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """llama-completion with -fit on (the default): plan given the same command line fits in process,
+    keeps fit's own split, and gives the measured buffers, fit log and final breakdown table."""
+    c = _case(cid)
+    run = c[key]
+    argv = list(run["cli_args"])
+    mp = tmp_path / "model.json"
+    mp.write_text(json.dumps(c["model"]))
+    argv[argv.index("-m") + 1] = str(mp)
+    mem = [free for free, _ in memory_from_inputs(c)]
+    assert cli.main(["plan", *argv, "--device-memory", ",".join(map(str, mem)), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    obs = run["observed"]
+    for f in ("compute_buffers_bytes", "kv_buffers_bytes", "model_buffers_bytes", "graph_splits", "n_copies"):
+        assert got[f] == obs[f], f
+    # the case keeps the probes' tables with the exit table in observed.memory_breakdown
+    tables = [line for line in got["fit_log_lines"] if line.startswith("common_memory_breakdown_print: ")]
+    lines = [line for line in got["fit_log_lines"] if line not in tables]
+    assert _mask(lines) == _mask(run["fit_log_lines"])
+    n_rows = len(mem) + 2
+    assert [t.split(": ", 1)[1] for t in tables] + got["memory_breakdown"] == obs["memory_breakdown"]
+    assert got["memory_breakdown"] == obs["memory_breakdown"][-n_rows:]

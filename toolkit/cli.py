@@ -110,8 +110,9 @@ def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
+    from toolkit.fit.plan import plan_args
     from toolkit.models.args import parse_args
-    from toolkit.models.cases import load_cases, log_lines, plan_args, plan_case
+    from toolkit.models.cases import load_cases, log_lines, plan_case
     opts, rest = split_tool_options(argv)
     if "cases" not in opts:
         r = plan_args(parse_args(rest, env=os.environ))

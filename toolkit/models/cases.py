@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolkit.errors import UnsupportedFeature
-from toolkit.models.args import LlamaArgs, load_model_arg
 from toolkit.models.cparams import ContextParams
 from toolkit.models.hparams import LlamaHParams
 
@@ -59,29 +57,6 @@ def kv_summary(ctx: Any) -> dict[str, Any]:
             "type_v": rp.type_v.lower}
 
 
-def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, Any]:
-    """Plan a llama.cpp command line: what :func:`plan_case` returns, plus the memory breakdown
-    table (``common_memory_breakdown_print`` at exit) when every device's memory is known."""
-    from toolkit.context import Context
-    from toolkit.memory import breakdown_table, context_breakdown, device_memory
-    hp = model if model is not None else load_model_arg(args.model)
-    try:
-        ctx = Context(hp, args.context_params())
-    except UnsupportedFeature:
-        raise
-    except ValueError as e:
-        return {"id": args.model, "error": str(e)}
-    out = {"id": args.model, **summary(ctx)}
-    bd, _ = context_breakdown(ctx, exact=True)
-    try:
-        mem = device_memory(args)
-    except ValueError:
-        out["memory_breakdown"] = None      # a device without a known memory size
-    else:
-        out["memory_breakdown"] = breakdown_table(bd, mem)
-    return out
-
-
 def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
     try:
         ctx = context_from_case(case)
@@ -92,9 +67,10 @@ def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
 
 def log_lines(result: Mapping[str, Any]) -> list[str]:
     """llama.cpp's log lines for a planned case (sched_reserve's, with exact bytes, and the buffers)."""
+    fit = list(result.get("fit_log_lines") or ())
     if "error" in result:
-        return [f"llama_init_from_model: {result['error']}"]
-    out = [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+        return [*fit, f"llama_init_from_model: {result['error']}"]
+    out = fit + [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
