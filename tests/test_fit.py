@@ -353,3 +353,16 @@ def test_plan_with_fit_on_is_the_program_run(cid: str, key: str, tmp_path: Path,
     n_rows = len(mem) + 2
     assert [t.split(": ", 1)[1] for t in tables] + got["memory_breakdown"] == obs["memory_breakdown"]
     assert got["memory_breakdown"] == obs["memory_breakdown"][-n_rows:]
+
+
+def test_a_refused_fit_keeps_its_context_reduction() -> None:
+    """-ngl given: fit shrinks the unset context first, then refuses to fit layers; llama.cpp edited
+    the parameters in place, so a program continuing after the refusal runs with the smaller context."""
+    args = parse_args(["--rpc", "127.0.0.1:50062", "--device-memory", "1097M", "--fit-ctx", "256", "-ngl", "99"])
+    r = fit_params(presets.small(), args)
+    assert r.status == "failure" and r.printed == ""
+    assert "n_gpu_layers already set by user to 99, abort" in r.error
+    assert any("context size reduced from 4096 to" in line for line in r.log_lines)
+    assert 256 <= r.fitted.c < 4096 and r.fitted.ngl == 99
+    real = real_run(presets.small(), args, r)
+    assert real.params.n_ctx == r.fitted.c and real.params.n_gpu_layers == 99
