@@ -8,7 +8,6 @@ from oracle_cases import cases
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.models import presets
 from toolkit.models.args import (
-    FFN_EXPS_REGEX,
     N_GPU_LAYERS_ALL,
     N_GPU_LAYERS_AUTO,
     fit_targets_bytes,
@@ -63,11 +62,13 @@ def test_ngl_auto_all_and_counts() -> None:
     assert parse_args(["-ngl", "0"]).context_params().n_gpu_layers == 0
 
 
-def test_overrides_in_argument_order() -> None:
-    a = parse_args(["-ot", "ffn_.*_exps=CPU,attn=RPC0", "--cpu-moe", "--n-cpu-moe", "2"])
-    assert a.tensor_overrides == (("ffn_.*_exps", "CPU"), ("attn", "RPC0"), (FFN_EXPS_REGEX, "CPU"),
-                                  ("blk\\.0" + FFN_EXPS_REGEX, "CPU"), ("blk\\.1" + FFN_EXPS_REGEX, "CPU"))
-    assert a.context_params().tensor_overrides == a.tensor_overrides
+def test_overrides_are_parsed_into_context_params() -> None:
+    a = parse_args(["-ot", "ffn_.*_exps=CPU,attn=RPC0", "-ot", "output=CPU", "--cpu-moe", "--n-cpu-moe", "2"])
+    assert a.override_tensor == ("ffn_.*_exps=CPU", "attn=RPC0", "output=CPU")
+    assert (a.cpu_moe, a.n_cpu_moe, a.has_tensor_overrides) == (True, 2, True)
+    cp = a.context_params()
+    assert (cp.override_tensor, cp.cpu_moe, cp.n_cpu_moe) == (a.override_tensor, True, 2)
+    assert not parse_args([]).has_tensor_overrides
 
 
 def test_overrides_are_refused_at_planning_time() -> None:
@@ -107,6 +108,8 @@ def test_fit_targets_broadcast_and_per_device() -> None:
     (["-sm", "diagonal"], "-sm", "none|layer|row"),
     (["-ctk", "q3_x"], "-ctk", "f32|f16"),
     (["-ot", "nopattern"], "-ot", "<tensor name pattern>=<buffer type>"),
+    (["-ot", "blk.(=CPU"], "-ot", "valid regular expression"),
+    (["-ncmoe", "-1"], "-ncmoe", "integer >= 0"),
     (["--device", "gpu9:1G"], "--device", "device strings of the kinds"),
     (["--device", "sim:lots"], "--device", "memory size"),
     (["--rpc", "localhost"], "--rpc", "HOST:PORT"),

@@ -64,6 +64,11 @@ class LayerCount:
         return LayerCount(self.n_layer, self.n_part, self.overflow_type)
 
 
+def override_items(args: LlamaArgs, ot: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The user's ``-ot`` items followed by fit's, as ``REGEX=BUFT`` strings."""
+    return args.override_tensor + tuple(f"{p}={b}" for p, b in ot)
+
+
 def set_ngl_tensor_split_tbo(per_dev: Sequence[LayerCount], overflow_bufts: Sequence[str], n_layer: int
                              ) -> tuple[int, tuple[float, ...] | None, tuple[tuple[str, str], ...]]:
     """``set_ngl_tensor_split_tbo``: layers per device → ``-ngl``, ``-ts`` (several devices) and ``-ot``.
@@ -127,7 +132,7 @@ class _Fit:
         tsv = self.ts if isinstance(ts, str) else ts
         otv = self.ot if ot is None else ot
         cp = self.args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if ngl < 0 else ngl,
-                                      tensor_split=tsv, tensor_overrides=otv)
+                                      tensor_split=tsv, override_tensor=override_items(self.args, otv))
         p = probe(self.hp, cp, self.memory, exact=self.exact)
         p = Probe(ProbeParams(n_ctx, ngl, tsv, otv), p.breakdown, p.compute_bytes, p.kv_bytes, p.n_copies, p.table)
         self.probes.append(p)
@@ -154,7 +159,7 @@ class _Fit:
         args, nd = self.args, self.nd
         if args.split_mode == "tensor":
             raise _FitAbort("llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
-        self.ngl, self.ts, self.ot = args.n_gpu_layers, args.tensor_split, args.tensor_overrides
+        self.ngl, self.ts, self.ot = args.n_gpu_layers, args.tensor_split, ()
         self.n_ctx = args.n_ctx
         n_streams = 1 if args.kv_unified else max(1, args.n_parallel)
         n_ctx_auto = args.n_ctx == 0
@@ -271,7 +276,7 @@ class _Fit:
                 raise _FitAbort("model_params::tensor_split already set by user, abort")
             if args.split_mode == "row":
                 raise _FitAbort("changing weight allocation for LLAMA_SPLIT_MODE_ROW not implemented, abort")
-        if self.ot:
+        if args.has_tensor_overrides:
             raise _FitAbort("model_params::tensor_buft_overrides already set by user, abort")
         self.fill_layers(hp_ngl, hp_nex, full)
 
@@ -538,7 +543,7 @@ def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemo
     if len(used) != nd or nd == 0:
         # the answer came from a context reduction: measure what the chosen parameters use
         cp = args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if f.ngl < 0 else f.ngl,
-                                 tensor_split=f.ts, tensor_overrides=f.ot)
+                                 tensor_split=f.ts, override_tensor=override_items(args, f.ot))
         try:
             p = probe(model, cp, mem, exact=exact)
             used, host_used = [p.used(d) for d in range(nd)], p.breakdown.host.total

@@ -109,7 +109,7 @@ def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *
     else:
         ctx = Context(hp, pcp)
     bd, comp = context_breakdown(ctx, exact=exact)
-    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split, cp.tensor_overrides)
+    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
     return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
                  tuple(breakdown_table(bd, memory)))
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.fit.impl import override_items
 from toolkit.fit.probe import default_split, probe, real_context
 from toolkit.fit.result import FitResult, Fitted
 from toolkit.memory import DeviceMemory, MemoryRow, MiB, context_breakdown
@@ -89,7 +90,7 @@ def run_params(args: LlamaArgs, fitted: Fitted, memory: Sequence[DeviceMemory], 
     p = fitted if in_process else fitted.as_printed()
     cp = args.context_params(n_ctx=p.c, n_gpu_layers=DEFAULT_N_GPU_LAYERS if p.ngl < 0 else p.ngl,
                              tensor_split=tuple(float(x) for x in p.ts) if p.ts else args.tensor_split,
-                             tensor_overrides=args.tensor_overrides + p.ot)
+                             override_tensor=override_items(args, p.ot))
     return cp.replace(tensor_split=default_split(cp, memory))
 
 

@@ -41,8 +41,6 @@ _AUTO = ("auto", "-1")
 # the KV cache types common/arg.cpp accepts for -ctk / -ctv (kv_cache_types)
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 SPLIT_MODES = ("none", "layer", "row")
-# LLM_FFN_EXPS_REGEX (common/common.h): what --cpu-moe / --n-cpu-moe send to the CPU
-FFN_EXPS_REGEX = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 N_GPU_LAYERS_AUTO = -1     # -ngl auto (the default): --fit may change it
 N_GPU_LAYERS_ALL = -2      # -ngl all: every layer, and it counts as set by the user
 DEFAULT_FIT_TARGET_MIB = 1024
@@ -54,8 +52,8 @@ class LlamaArgs:
     """What a llama.cpp command line sets (``common_params``), before any fitting.
 
     ``n_gpu_layers`` keeps llama.cpp's encoding: -1 auto (unset), -2 all, else a count.
-    ``tensor_overrides`` holds ``-ot``, ``--cpu-moe`` and ``--n-cpu-moe`` in argument order as
-    ``(regex, buffer type)`` pairs, the way ``common_params.tensor_buft_overrides`` does.
+    ``override_tensor`` holds the ``-ot`` values (``REGEX=BUFT`` items), ``cpu_moe`` and ``n_cpu_moe``
+    the other two override flags, as ContextParams does.
     ``devices`` are the toolkit's device strings (``--device``) followed by one ``rpc:HOST:PORT``
     per ``--rpc`` endpoint. ``set_flags`` lists the canonical flags given (``-c``, ``-ngl``, …).
     """
@@ -70,7 +68,9 @@ class LlamaArgs:
     tensor_split: tuple[float, ...] | None = None
     split_mode: str = "layer"
     main_gpu: int = 0
-    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    override_tensor: tuple[str, ...] = ()
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
     flash_attn: str = "auto"
     type_k: str = "f16"
     type_v: str = "f16"
@@ -89,6 +89,11 @@ class LlamaArgs:
     set_flags: frozenset[str] = field(default_factory=frozenset)
 
     @property
+    def has_tensor_overrides(self) -> bool:
+        """Any -ot / --cpu-moe / --n-cpu-moe (``common_fit_params`` then refuses to fit layers)."""
+        return bool(self.override_tensor or self.cpu_moe or self.n_cpu_moe)
+
+    @property
     def n_gpu_layers_set(self) -> bool:
         """-ngl given as a count or ``all`` (``common_fit_params`` then refuses to fit layers)."""
         return self.n_gpu_layers != N_GPU_LAYERS_AUTO
@@ -102,8 +107,8 @@ class LlamaArgs:
             kv_unified=self.kv_unified, offload_kqv=self.offload_kqv, op_offload=self.op_offload,
             n_gpu_layers=ngl, split_mode=self.split_mode, main_gpu=self.main_gpu,  # type: ignore[arg-type]
             tensor_split=self.tensor_split, devices=self.devices, use_mmap=self.use_mmap,
-            force_pipeline_parallel=self.force_pipeline_parallel, tensor_overrides=self.tensor_overrides,
-            swa_full=self.swa_full,
+            force_pipeline_parallel=self.force_pipeline_parallel, override_tensor=self.override_tensor,
+            cpu_moe=self.cpu_moe, n_cpu_moe=self.n_cpu_moe, swa_full=self.swa_full,
         )
         return cp.replace(**changes) if changes else cp
 
@@ -197,14 +202,20 @@ def _choice(flag: str, raw: str, accepted: Sequence[str]) -> str:
     return v
 
 
-def _overrides(flag: str, raw: str) -> tuple[tuple[str, str], ...]:
-    """``-ot "regex=BUFT,regex=BUFT"`` (common/arg.cpp: parse_tensor_buffer_overrides)."""
-    out: list[tuple[str, str]] = []
+def _overrides(flag: str, raw: str) -> tuple[str, ...]:
+    """``-ot "regex=BUFT,regex=BUFT"`` (common/arg.cpp: parse_tensor_buffer_overrides): its items."""
+    import re
+    out: list[str] = []
     for item in raw.split(","):
         pat, eq, buft = item.partition("=")
         if not eq or not pat or not buft:
             raise ParameterError(flag, raw, "<tensor name pattern>=<buffer type>,... such as ffn_.*_exps=CPU")
-        out.append((pat, buft.strip()))
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise ParameterError(flag, raw, "<tensor name pattern>=<buffer type> with a valid regular expression",
+                                 str(e)) from None
+        out.append(item)
     return tuple(out)
 
 
@@ -266,19 +277,7 @@ def _const(key: str, value: Any) -> Setter:
 
 
 def _add_ot(st: dict[str, Any], flag: str, raw: str) -> None:
-    st["tensor_overrides"] = st.get("tensor_overrides", ()) + _overrides(flag, raw)
-
-
-def _add_cmoe(st: dict[str, Any], flag: str, raw: str) -> None:
-    del flag, raw
-    st["tensor_overrides"] = st.get("tensor_overrides", ()) + ((FFN_EXPS_REGEX, "CPU"),)
-
-
-def _add_ncmoe(st: dict[str, Any], flag: str, raw: str) -> None:
-    n = _int(flag, raw, 0)
-    # common/common.h llm_ffn_exps_block_regex: one override per block 0..n-1
-    st["tensor_overrides"] = st.get("tensor_overrides", ()) + tuple(
-        (f"blk\\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n))
+    st["override_tensor"] = st.get("override_tensor", ()) + _overrides(flag, raw)
 
 
 def _add_devices(st: dict[str, Any], flag: str, raw: str) -> None:
@@ -313,8 +312,8 @@ _FLAGS: list[tuple[tuple[str, ...], bool, Setter]] = [
     (("-sm", "--split-mode"), True, _set("split_mode", lambda f, v: _choice(f, v, SPLIT_MODES))),
     (("-mg", "--main-gpu"), True, _set("main_gpu", lambda f, v: _int(f, v, 0))),
     (("-ot", "--override-tensor"), True, _add_ot),
-    (("-cmoe", "--cpu-moe"), False, _add_cmoe),
-    (("-ncmoe", "--n-cpu-moe"), True, _add_ncmoe),
+    (("-cmoe", "--cpu-moe"), False, _const("cpu_moe", True)),
+    (("-ncmoe", "--n-cpu-moe"), True, _set("n_cpu_moe", lambda f, v: _int(f, v, 0))),
     (("-fa", "--flash-attn"), True, _set("flash_attn", _fa)),
     (("-ctk", "--cache-type-k"), True, _set("type_k", lambda f, v: _choice(f, v, KV_CACHE_TYPES))),
     (("-ctv", "--cache-type-v"), True, _set("type_v", lambda f, v: _choice(f, v, KV_CACHE_TYPES))),
@@ -437,5 +436,5 @@ def fit_targets_bytes(args: LlamaArgs, n_devices: int) -> list[int]:
     return [x << 20 for x in t[:max(1, n_devices)]]
 
 
-__all__ = ["FFN_EXPS_REGEX", "KV_CACHE_TYPES", "LlamaArgs", "N_GPU_LAYERS_ALL", "N_GPU_LAYERS_AUTO",
+__all__ = ["KV_CACHE_TYPES", "LlamaArgs", "N_GPU_LAYERS_ALL", "N_GPU_LAYERS_AUTO",
            "fit_targets_bytes", "load_model_arg", "model_from_dict", "parse_args"]

@@ -59,9 +59,9 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
-    # -ot / --cpu-moe / --n-cpu-moe, in argument order: (tensor-name regex, buffer type name) pairs,
-    # first match wins (common_params.tensor_buft_overrides); planning refuses them until implemented
-    tensor_overrides: tuple[tuple[str, str], ...] = ()
+    override_tensor: tuple[str, ...] = ()  # -ot items, "REGEX=BUFT" (toolkit.models.overrides)
+    cpu_moe: bool = False                  # --cpu-moe
+    n_cpu_moe: int = 0                     # --n-cpu-moe N
     # --swa-full: a full-size SWA cache (llama_kv_cache_iswa); no effect on models without sliding-window
     # attention, which are all the toolkit plans today
     swa_full: bool = False
@@ -92,8 +92,11 @@ class ContextParams:
         object.__setattr__(self, "devices", validate.strings("devices", self.devices))
         validate.optional_integer("n_outputs_max", self.n_outputs_max, lo=1, hi=validate.UINT32_MAX,
                                   none_means="n_batch")
-        object.__setattr__(self, "tensor_overrides", tuple((validate.text("tensor_overrides", p), validate.text(
-            "tensor_overrides", b)) for p, b in self.tensor_overrides))
+        if isinstance(self.override_tensor, str):
+            object.__setattr__(self, "override_tensor", (self.override_tensor,))
+        object.__setattr__(self, "override_tensor", validate.strings("override_tensor", self.override_tensor))
+        object.__setattr__(self, "cpu_moe", validate.boolean("cpu_moe", self.cpu_moe))
+        validate.integer("n_cpu_moe", self.n_cpu_moe, lo=0, hi=validate.INT32_MAX)
 
     def replace(self, **changes: Any) -> ContextParams:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -155,7 +158,8 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
-            tensor_overrides=tuple(tuple(x) for x in d.get("tensor_overrides", ())),  # type: ignore[misc]
+            override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
+            cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
             swa_full=bool(d.get("swa_full", False)),
         )
 
@@ -163,7 +167,7 @@ class ContextParams:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["tensor_split"] = list(self.tensor_split) if self.tensor_split else None
         out["devices"] = list(self.devices)
-        out["tensor_overrides"] = [list(x) for x in self.tensor_overrides]
+        out["override_tensor"] = list(self.override_tensor)
         return out
 
 

@@ -94,11 +94,12 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
-    if cp.tensor_overrides:
+    if cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe:
         # -ot / --cpu-moe / --n-cpu-moe: llama_model_loader's buft overrides are not placed yet
-        pats = ",".join(f"{p}={b}" for p, b in cp.tensor_overrides)
-        raise UnsupportedFeature("tensor_overrides", f"tensor buffer overrides (-ot/--cpu-moe/--n-cpu-moe: {pats}) "
-                                 "are not implemented for planning yet")
+        given = [*cp.override_tensor, *(["--cpu-moe"] if cp.cpu_moe else []),
+                 *([f"--n-cpu-moe {cp.n_cpu_moe}"] if cp.n_cpu_moe else [])]
+        raise UnsupportedFeature("tensor_overrides", f"tensor buffer overrides ({', '.join(given)}) are not "
+                                 "implemented for planning yet")
     rp = cp.resolve(hp.n_ctx_train)
     if devs is None:
         devs = make_devices(cp.devices, split_mode=cp.split_mode, main_gpu=cp.main_gpu) if backends is None \
