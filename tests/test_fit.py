@@ -62,8 +62,9 @@ def _mask(lines: list[str]) -> list[str]:
 
 
 def test_the_cases_cover_dense_and_other_models() -> None:
-    assert len(fit_cases()) == 68
-    assert len(DENSE) == 24 and len(OTHER) == 44
+    """24 dense llama cases are planned today; the others are planned as soon as their model is."""
+    assert len(fit_cases()) == 68 and len(DENSE) + len(OTHER) == 68
+    assert len(DENSE) >= 24
 
 
 @pytest.mark.parametrize("cid", DENSE)

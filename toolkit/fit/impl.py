@@ -64,6 +64,12 @@ class LayerCount:
         return LayerCount(self.n_layer, self.n_part, self.overflow_type)
 
 
+def n_expert(hp: LlamaHParams) -> int:
+    """``llama_model_n_expert``: 0 for a dense model (``LlamaHParams.moe`` describes the experts)."""
+    moe = getattr(hp, "moe", None)   # the MoE hyperparameters, where LlamaHParams has them
+    return int(moe.n_expert) if moe is not None else 0
+
+
 def override_items(args: LlamaArgs, ot: Sequence[tuple[str, str]]) -> tuple[str, ...]:
     """The user's ``-ot`` items followed by fit's, as ``REGEX=BUFT`` strings."""
     return args.override_tensor + tuple(f"{p}={b}" for p, b in ot)
@@ -164,7 +170,7 @@ class _Fit:
         n_streams = 1 if args.kv_unified else max(1, args.n_parallel)
         n_ctx_auto = args.n_ctx == 0
         hp_nct, hp_ngl = self.hp.n_ctx_train, self.hp.n_layer
-        hp_nex = int(getattr(self.hp, "n_expert", 0) or 0)
+        hp_nex = n_expert(self.hp)
 
         # step 1: the initial parameters
         self.trc("getting device memory data for initial parameters:")

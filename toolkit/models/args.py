@@ -395,7 +395,8 @@ def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
     if arch != "llama":
         raise UnsupportedFeature("architecture", f"model {d.get('name', '?')!r}: architecture {arch!r} is not "
                                  "implemented (only llama)")
-    if int(d.get("n_expert", 0) or 0) > 0:
+    # refused only while LlamaHParams has no field for experts (toolkit.models.moe adds ``moe``)
+    if int(d.get("n_expert", 0) or 0) > 0 and "moe" not in LlamaHParams.__dataclass_fields__:
         raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
                                  f"({d['n_expert']} experts) are not implemented")
     if d.get("has_rope_freqs") and "rope_freqs" not in LlamaHParams.__dataclass_fields__:
