@@ -16,6 +16,7 @@ from toolkit.models.args import (
     parse_args,
 )
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
+from toolkit.models.hparams import LlamaHParams
 
 
 def test_defaults_are_llama_cpp_common_params() -> None:
@@ -71,12 +72,17 @@ def test_overrides_are_parsed_into_context_params() -> None:
     assert not parse_args([]).has_tensor_overrides
 
 
-def test_overrides_are_refused_at_planning_time() -> None:
-    from toolkit.context import Context
-    cp = parse_args(["-ngl", "99", "--cpu-moe"]).context_params()
-    with pytest.raises(UnsupportedFeature, match="tensor buffer overrides") as e:
-        Context(presets.tiny(), cp)
-    assert e.value.feature == "tensor_overrides"
+def test_user_overrides_stop_layer_fitting() -> None:
+    """-ot reaches planning: refused by name while overrides are not placed, else fit stops before
+    fitting layers, as common_params_fit_impl does for user tensor_buft_overrides."""
+    from toolkit.fit import fit_params
+    args = parse_args(["--rpc", "127.0.0.1:50062", "--device-memory", "1034M", "-ot", "ffn_down=CPU"])
+    try:
+        r = fit_params(presets.tiny(), args)
+    except UnsupportedFeature as e:
+        assert e.feature == "tensor_overrides" and "ffn_down=CPU" in str(e)
+    else:
+        assert r.status == "failure" and r.error == "model_params::tensor_buft_overrides already set by user, abort"
 
 
 def test_devices_and_rpc_endpoints() -> None:
@@ -147,6 +153,10 @@ def test_models_from_the_m_flag(tmp_path) -> None:  # type: ignore[no-untyped-de
     with pytest.raises(UnsupportedFeature, match="'qwen3' is not implemented") as e:
         model_from_dict({"name": "q", "arch": "qwen3", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_ff": 8})
     assert e.value.feature == "architecture"
-    with pytest.raises(UnsupportedFeature, match="mixture-of-experts"):
-        model_from_dict({"name": "m", "arch": "llama", "n_expert": 4, "n_layer": 1, "n_embd": 8, "n_head": 1,
-                         "n_ff": 8})
+    moe = {"name": "m", "arch": "llama", "n_expert": 4, "n_expert_used": 2, "n_ff_exp": 8, "n_layer": 1,
+           "n_embd": 8, "n_head": 1, "n_ff": 8}
+    if "moe" in LlamaHParams.__dataclass_fields__:
+        assert model_from_dict(moe).n_layer == 1       # experts are planned
+    else:
+        with pytest.raises(UnsupportedFeature, match="mixture-of-experts"):
+            model_from_dict(moe)
