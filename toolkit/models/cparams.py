@@ -137,7 +137,10 @@ class ContextParams:
         requested values (``rpc_servers`` become RPC devices)."""
         if d.get("cli_args"):
             from toolkit.models.args import parse_args
-            return parse_args([str(a) for a in d["cli_args"]], env=d.get("env") or {}).context_params()
+            env = dict(d.get("env") or {})
+            if d.get("forced_pipeline_parallel_env"):   # the same switch, recorded without the env
+                env["ORACLE_FORCE_PP"] = "1"
+            return parse_args([str(a) for a in d["cli_args"]], env=env).context_params()
         ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
         split = str(d.get("split_mode", "layer")).split()[0]
         ts = d.get("tensor_split")
