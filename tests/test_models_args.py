@@ -152,7 +152,7 @@ def test_models_from_the_m_flag(tmp_path) -> None:  # type: ignore[no-untyped-de
         load_model_arg("nonesuch")
     with pytest.raises(UnsupportedFeature, match="'qwen3' is not implemented") as e:
         model_from_dict({"name": "q", "arch": "qwen3", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_ff": 8})
-    assert e.value.feature == "architecture"
+    assert e.value.feature.startswith("architecture")
     moe = {"name": "m", "arch": "llama", "n_expert": 4, "n_expert_used": 2, "n_ff_exp": 8, "n_layer": 1,
            "n_embd": 8, "n_head": 1, "n_ff": 8}
     if "moe" in LlamaHParams.__dataclass_fields__:
