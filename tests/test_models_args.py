@@ -100,8 +100,9 @@ def test_batched_bench_npl_and_oracle_force_pp_env() -> None:
 def test_fit_targets_broadcast_and_per_device() -> None:
     assert fit_targets_bytes(parse_args([]), 2) == [1024 << 20] * 2
     assert fit_targets_bytes(parse_args(["-fitt", "512/64"]), 2) == [512 << 20, 64 << 20]
-    with pytest.raises(ParameterError, match="one value or 3 values"):
-        fit_targets_bytes(parse_args(["-fitt", "512,64"]), 3)
+    assert fit_targets_bytes(parse_args(["-fitt", "512,64"]), 3) == [512 << 20, 64 << 20, 1024 << 20]
+    with pytest.raises(ParameterError, match="at most 1 values"):
+        fit_targets_bytes(parse_args(["-fitt", "512,64"]), 1)
 
 
 @pytest.mark.parametrize(("argv", "flag", "accepted"), [

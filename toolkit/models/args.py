@@ -428,13 +428,15 @@ def load_model_arg(spec: str | None) -> LlamaHParams:
 
 
 def fit_targets_bytes(args: LlamaArgs, n_devices: int) -> list[int]:
-    """``--fit-target`` per device in bytes: one value is broadcast (common/arg.cpp)."""
+    """``--fit-target`` per device in bytes (common/arg.cpp): one value is broadcast; a list sets the
+    first devices and the others keep the default of 1024 MiB."""
     t = args.fit_target_mib
+    n = max(1, n_devices)
     if len(t) == 1:
-        return [t[0] << 20] * max(1, n_devices)
-    if len(t) < n_devices:
-        raise ParameterError("--fit-target", ",".join(map(str, t)), f"one value or {n_devices} values (one per device)")
-    return [x << 20 for x in t[:max(1, n_devices)]]
+        return [t[0] << 20] * n
+    if len(t) > n:
+        raise ParameterError("--fit-target", ",".join(map(str, t)), f"at most {n} values (one per device)")
+    return [x << 20 for x in t] + [DEFAULT_FIT_TARGET_MIB << 20] * (n - len(t))
 
 
 __all__ = ["KV_CACHE_TYPES", "LlamaArgs", "N_GPU_LAYERS_ALL", "N_GPU_LAYERS_AUTO",
