@@ -40,8 +40,9 @@ def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, A
         out["fitted"] = r.fitted.to_dict()
         cp = run_params(args, r.fitted, mem, in_process=True)
     elif args.fit:
-        out["fit_log_lines"] = ["common_fit_params: not fitting: the free memory of a device is unknown "
-                                "(give --device-memory, or device strings with sizes)"]
+        why = ("the host's memory is unknown (give --device cpu:SIZE)" if mem == [] else
+               "the free memory of a device is unknown (give --device-memory, or device strings with sizes)")
+        out["fit_log_lines"] = [f"common_fit_params: not fitting: {why}"]
     try:
         ctx = Context(hp, cp)
     except UnsupportedFeature:
