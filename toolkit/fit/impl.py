@@ -17,8 +17,6 @@ from toolkit.models.hparams import LlamaHParams
 
 # common_layer_fraction_t: which part of the first partial layer of a device overflows
 LAYER_FRACTION_NONE, LAYER_FRACTION_ATTN, LAYER_FRACTION_UP, LAYER_FRACTION_GATE, LAYER_FRACTION_MOE = range(5)
-_FRACTION_NAMES = {LAYER_FRACTION_ATTN: "ATTN", LAYER_FRACTION_UP: "UP", LAYER_FRACTION_GATE: "GATE",
-                   LAYER_FRACTION_MOE: "MOE"}
 # common_params_fit_impl: the override that sends every expert tensor to system memory
 PATTERN_MOE_ALL = "blk\\.\\d+\\.ffn_(up|down|gate_up|gate)_(ch|)exps"
 MAX_OVERFLOW_LAYERS = 1000       # get_overflow_pattern keeps at most this many patterns per kind
