@@ -230,11 +230,11 @@ class Context(SchedulerOwner):
 
     @property
     def kv_buffers_bytes(self) -> dict[str, int]:
-        return dict(self.setup.kv.buffers_bytes)
+        return self.setup.kv_buffers_bytes()
 
     @property
     def kv_bytes(self) -> int:
-        return self.setup.kv.total_bytes
+        return sum(c.total_bytes for c in self.setup.kv_caches)
 
     @property
     def output_buffer_bytes(self) -> dict[str, int]:
@@ -304,6 +304,9 @@ class Context(SchedulerOwner):
         params = SchedParams(self._max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
         r = self._begin_reserve(params, extra_reasons)
+        if self.setup.warnings and not self.setup.warned:
+            r.warnings += self.setup.warnings   # logged once, when the memory is created
+            self.setup.warned = True
         # resolve_fused_ops: split-only probes (flash attention only when auto)
         if not self._fa_resolved:
             self._resolve_flash_attn(n_seqs, r.warnings)

@@ -9,8 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import LlamaHParams, check_arch
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -28,12 +29,10 @@ def hparams_from_gguf(path: str | Path) -> LlamaHParams:
     import gguf  # noqa: PLC0415 - optional at import time
 
     reader = gguf.GGUFReader(str(path))
-    arch = _field(reader, "general.architecture", "llama")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not llama")
+    arch = check_arch(str(_field(reader, "general.architecture", "llama")))
 
     def k(name: str, default: Any = None) -> Any:
-        return _field(reader, f"llama.{name}", default)
+        return _field(reader, f"{arch}.{name}", default)
 
     types = {t.name: GGMLType.parse(t.tensor_type.name) for t in reader.tensors}
     mats = Counter(t for n, t in types.items() if n.startswith("blk.") and not n.endswith("norm.weight"))
@@ -55,4 +54,36 @@ def hparams_from_gguf(path: str | Path) -> LlamaHParams:
         eps=float(f'{k("attention.layer_norm_rms_epsilon", 1e-5):.6g}'),
         tied="output.weight" not in types, dtype=dtype, tensor_types=overrides,
         name=str(_field(reader, "general.name", Path(path).stem)),
+        **arch_hparams(reader, arch),
     )
+
+
+def arch_hparams(reader: Any, arch: str) -> dict[str, Any]:
+    """The architecture keys of a GGUF (``llama_model::load_hparams``): the head size
+    (``attention.key_length``), Llama-3.x's ``rope_freqs.weight`` factors, and gemma3's sliding
+    window (``attention.sliding_window``, ``attention.sliding_window_pattern`` default 6,
+    ``rope.freq_base_swa`` default 10000)."""
+    import numpy as np
+
+    def k(name: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{name}", default)
+
+    out: dict[str, Any] = {"arch": arch}
+    head, n_embd, n_head = k("attention.key_length"), int(k("embedding_length")), int(k("attention.head_count"))
+    if head is not None and int(head) != n_embd // n_head:
+        out["n_embd_head_"] = int(head)
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            out["rope_freqs"] = tuple(float(x) for x in np.asarray(t.data, dtype=np.float32).ravel())
+    if arch == "gemma3":
+        n_swa = k("attention.sliding_window")
+        if n_swa:
+            pattern = reader.fields.get(f"{arch}.attention.sliding_window_pattern")
+            if pattern is not None and len(pattern.data) != 1:
+                raise UnsupportedFeature("sliding_window_pattern",
+                                         f"{arch}.attention.sliding_window_pattern is a per-layer array; only a period "
+                                         "is supported")
+            out["n_swa"] = int(n_swa)
+            out["swa_pattern"] = int(k("attention.sliding_window_pattern", 6))
+            out["rope_freq_base_swa"] = float(k("rope.freq_base_swa", 10000.0))
+    return out
