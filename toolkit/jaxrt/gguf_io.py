@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import LlamaHParams, check_arch
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)
 
@@ -59,15 +59,15 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
     """Hyperparameters (and weights) of a llama GGUF; errors name the missing key or bad type."""
     from gguf import GGUFReader
 
+    from toolkit.models.gguf import arch_hparams
+
     reader = GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not 'llama'")
+    arch = check_arch(str(_field(reader, "general.architecture")))
 
     def req(key: str) -> Any:
-        v = _field(reader, f"llama.{key}")
+        v = _field(reader, f"{arch}.{key}")
         if v is None:
-            raise ValueError(f"{path}: GGUF key 'llama.{key}' is missing")
+            raise ValueError(f"{path}: GGUF key '{arch}.{key}' is missing")
         return v
 
     n_embd, n_head = int(req("embedding_length")), int(req("attention.head_count"))
@@ -76,7 +76,7 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
         ne = tuple(int(x) for x in rt.shape)
         tensors[rt.name] = GGUFTensor(rt.name, _ggml_type(rt.tensor_type), ne, np.asarray(rt.data))
     emb = tensors.get("token_embd.weight")
-    n_vocab = _field(reader, "llama.vocab_size") or (emb.ne[1] if emb else None)
+    n_vocab = _field(reader, f"{arch}.vocab_size") or (emb.ne[1] if emb else None)
     if n_vocab is None:
         tok = _field(reader, "tokenizer.ggml.tokens")
         n_vocab = len(tok) if tok is not None else 32000
@@ -88,17 +88,18 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
             overrides[n.split(".", 2)[-1] if n.startswith("blk.") else n] = t.type
     if emb is not None and emb.type is not dtype:
         overrides["token_embd.weight"] = emb.type
-    rot = _field(reader, "llama.rope.dimension_count")
+    rot = _field(reader, f"{arch}.rope.dimension_count")
     hp = LlamaHParams(
         n_layer=int(req("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(_field(reader, "llama.attention.head_count_kv", n_head)),
+        n_head_kv=int(_field(reader, f"{arch}.attention.head_count_kv", n_head)),
         n_ff=int(req("feed_forward_length")), n_vocab=int(n_vocab),
-        n_ctx_train=int(_field(reader, "llama.context_length", 4096)),
+        n_ctx_train=int(_field(reader, f"{arch}.context_length", 4096)),
         n_rot_=None if rot is None or int(rot) == n_embd // n_head else int(rot),
-        rope_freq_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_freq_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         tied="output.weight" not in tensors, dtype=dtype, tensor_types=overrides,
         name=str(_field(reader, "general.name", Path(path).stem)),
+        **arch_hparams(reader, arch),
     )
     meta = {k: None for k in reader.fields}
     return GGUFModel(str(path), hp, tensors if with_tensors else {}, meta)
