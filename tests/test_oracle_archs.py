@@ -89,3 +89,15 @@ def test_real_model_n_tensors_and_max_nodes(preset: str, devices: tuple[str, ...
     ctx = Context(presets.get(preset), ContextParams(n_ctx=4096, devices=devices, n_gpu_layers=ngl))
     assert ctx.setup.model.n_tensors == n_tensors
     assert ctx.events[-1].params.max_nodes == max_nodes
+
+
+def test_reserve_event_lists_both_kv_caches() -> None:
+    """gemma3 with -ngl 2: the global layer's cache on RPC, the SWA cache on the CPU, one entry each
+    (llama.cpp logs one KV buffer line per cache); the totals are the oracle's per-buffer bytes."""
+    from toolkit.models.cases import context_from_case
+
+    c = case("rpc1-tiny_gemma3_f32-ngl2-oo1-c1024-b2048-ub512-faon")
+    ev = context_from_case(c).events[-1]
+    rpc = "RPC0[127.0.0.1:50052]"
+    assert ev.kv_bytes == {f"{rpc} (non-SWA)": 262144, "CPU (SWA)": 589824}
+    assert c["observed"]["kv_buffers_bytes"] == {rpc: 262144, "CPU": 589824}

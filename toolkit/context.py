@@ -334,7 +334,8 @@ class Context(SchedulerOwner):
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
         return self._record(
             r, trigger, needed_tg, timings,
-            kv_bytes=self.kv_buffers_bytes, model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
+            kv_bytes=self.setup.kv_buffers_by_cache(),
+            model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
             pipeline_parallel=self.pipeline_parallel)
 

@@ -121,6 +121,15 @@ PRESETS = {"tiny": tiny, "small": small, "med": med, "llama3_8b": llama3_8b, "ll
            "gemma3_12b": gemma3_12b, "gemma3_27b": gemma3_27b}
 
 
+# what a model picker shows for each preset (label -> name), in the order to offer them
+PRESET_LABELS: dict[str, str] = {
+    "tiny": "tiny", "small": "small", "med": "med", "Llama-3-8B-shaped": "llama3_8b", "70B-shaped": "llama3_70b",
+    "Llama-3.1-8B": "llama3_1_8b", "Llama-3.2-1B": "llama3_2_1b", "Qwen3-8B": "qwen3_8b",
+    "Gemma-3-12B": "gemma3_12b", "Gemma-3-27B": "gemma3_27b",
+}
+assert set(PRESET_LABELS.values()) == set(PRESETS)
+
+
 def get(name: str) -> LlamaHParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
     ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``)."""

@@ -84,6 +84,13 @@ class LlamaSetup:
                 out[name] = out.get(name, 0) + b
         return out
 
+    def kv_buffers_by_cache(self) -> dict[str, int]:
+        """KV buffer bytes as llama.cpp logs them, one line per cache and buffer: the buffer name, with
+        the cache in parentheses for iSWA's two caches (``CPU (SWA)``, ``CPU (non-SWA)``)."""
+        if self.kv_swa is None:
+            return dict(self.kv.buffers_bytes)
+        return {f"{name} ({c.kind})": b for c in self.kv_caches for name, b in c.buffers_bytes.items()}
+
     def kv_cache_of(self, il: int) -> KVCache:
         """The cache that holds layer il."""
         return self.kv_swa if self.kv_swa is not None and il in self.kv_swa.layers else self.kv
