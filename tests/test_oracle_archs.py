@@ -101,3 +101,20 @@ def test_reserve_event_lists_both_kv_caches() -> None:
     rpc = "RPC0[127.0.0.1:50052]"
     assert ev.kv_bytes == {f"{rpc} (non-SWA)": 262144, "CPU (SWA)": 589824}
     assert c["observed"]["kv_buffers_bytes"] == {rpc: 262144, "CPU": 589824}
+
+
+def test_unsupported_architecture_in_a_gguf_is_refused(tmp_path: Any) -> None:
+    import gguf
+
+    from toolkit.models.gguf import hparams_from_gguf
+
+    path = str(tmp_path / "phi3.gguf")
+    w = gguf.GGUFWriter(path, "phi3")
+    w.add_uint32("phi3.block_count", 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedFeature) as e:
+        hparams_from_gguf(path)
+    assert "'phi3'" in str(e.value) and "supported: llama, qwen3, gemma3" in str(e.value)
