@@ -117,4 +117,4 @@ def test_unsupported_architecture_in_a_gguf_is_refused(tmp_path: Any) -> None:
     w.close()
     with pytest.raises(UnsupportedFeature) as e:
         hparams_from_gguf(path)
-    assert "'phi3'" in str(e.value) and "supported: llama, qwen3, gemma3" in str(e.value)
+    assert "'phi3'" in str(e.value) and all(a in str(e.value) for a in ("llama", "qwen3", "gemma3"))
