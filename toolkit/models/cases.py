@@ -68,8 +68,17 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
-    out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-            for name, b in result["kv_buffers_bytes"].items()]
+    caches = result.get("kv_caches") or []
+    if len(caches) > 1:  # llama_kv_cache_iswa: each cache logs its size and its own buffers
+        for w in result.get("warnings", ()):
+            out.append(w)
+        for c in caches:
+            out.append(f"llama_kv_cache_iswa: creating {c['cache']:>7s} KV cache, size = {c['cells']} cells")
+            out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                    for name, b in c["buffers"].items()]
+    else:
+        out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                for name, b in result["kv_buffers_bytes"].items()]
     if result["pipeline_parallel"]:
         out.append("llama_context: pipeline parallelism enabled")
     out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")
