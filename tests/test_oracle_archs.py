@@ -118,3 +118,17 @@ def test_unsupported_architecture_in_a_gguf_is_refused(tmp_path: Any) -> None:
     with pytest.raises(UnsupportedFeature) as e:
         hparams_from_gguf(path)
     assert "'phi3'" in str(e.value) and all(a in str(e.value) for a in ("llama", "qwen3", "gemma3"))
+
+
+@pytest.mark.parametrize(("preset", "fa", "per_layer", "extra"), [
+    ("qwen3_8b", "on", 35, 6), ("qwen3_8b", "off", 40, 6),
+    ("gemma3_12b", "on", 40, 7), ("gemma3_27b", "off", 45, 7),
+])
+def test_node_count_rule_at_real_sizes(preset: str, fa: str, per_layer: int, extra: int) -> None:
+    """The oracle README's per-layer counts (qwen3 35/40 + 6, gemma3 40/45 + 7) hold at any depth."""
+    from toolkit.context import Context
+    from toolkit.models import ContextParams, presets
+
+    hp = presets.get(preset)
+    ev = Context(hp, ContextParams(n_ctx=4096, n_ubatch=512, flash_attn=fa, n_gpu_layers=0)).events[-1]  # type: ignore[arg-type]
+    assert ev.n_nodes_pp == ev.n_nodes_tg == per_layer * hp.n_layer + extra
