@@ -42,19 +42,25 @@ def summary(ctx: Any) -> dict[str, Any]:
         "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
         "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,
         "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
+        "n_tensors": ctx.setup.model.n_tensors,
+        "kv_caches": [{"cache": c.kind, "cells": c.kv_size, "layers": len(c.layers), "n_stream": c.n_stream,
+                       "size_k_bytes": c.k_bytes, "size_v_bytes": c.v_bytes, "buffers": dict(c.buffers_bytes)}
+                      for c in ctx.setup.kv_caches],
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
-        "kv_cache": kv_summary(ctx),
+        # the rest of llama_kv_cache's size line (cells, layers and bytes are in kv_caches)
+        "kv_types": {"n_seq_max": ctx.setup.resolved.n_seq_max, "type_k": ctx.setup.resolved.type_k.lower,
+                     "type_v": ctx.setup.resolved.type_v.lower},
     }
 
 
-def kv_summary(ctx: Any) -> dict[str, Any]:
-    """What ``llama_kv_cache`` logs about itself: cells per stream, layers, sequences, K and V bytes."""
-    kv, rp = ctx.setup.kv, ctx.setup.resolved
-    return {"cells": kv.kv_size, "layers": len(kv.k), "n_seq_max": rp.n_seq_max, "n_stream": kv.n_stream,
-            "size_k_bytes": kv.k_bytes, "size_v_bytes": kv.v_bytes, "type_k": rp.type_k.lower,
-            "type_v": rp.type_v.lower}
+def kv_size_line(c: Mapping[str, Any], t: Mapping[str, Any]) -> str:
+    """``llama_kv_cache``'s size line for one cache (``c``: a ``kv_caches`` entry, ``t``: ``kv_types``)."""
+    k, v = c["size_k_bytes"], c["size_v_bytes"]
+    return (f"llama_kv_cache: size = {(k + v) / 2**20:7.2f} MiB ({c['cells']:6d} cells, {c['layers']:3d} layers, "
+            f"{t['n_seq_max']:2d}/{c['n_stream']} seqs), K ({t['type_k']}): {k / 2**20:7.2f} MiB, "
+            f"V ({t['type_v']}): {v / 2**20:7.2f} MiB")
 
 
 def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,14 +80,21 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
-    out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-            for name, b in result["kv_buffers_bytes"].items()]
-    kv = result.get("kv_cache")
-    if kv:
-        k, v = kv["size_k_bytes"], kv["size_v_bytes"]
-        out.append(f"llama_kv_cache: size = {(k + v) / 2**20:7.2f} MiB ({kv['cells']:6d} cells, {kv['layers']:3d} "
-                   f"layers, {kv['n_seq_max']:2d}/{kv['n_stream']} seqs), K ({kv['type_k']}): {k / 2**20:7.2f} MiB, "
-                   f"V ({kv['type_v']}): {v / 2**20:7.2f} MiB")
+    caches = result.get("kv_caches") or []
+    if len(caches) > 1:  # llama_kv_cache_iswa: each cache logs its size and its own buffers
+        for w in result.get("warnings", ()):
+            out.append(w)
+        for c in caches:
+            out.append(f"llama_kv_cache_iswa: creating {c['cache']:>7s} KV cache, size = {c['cells']} cells")
+            out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                    for name, b in c["buffers"].items()]
+            if "kv_types" in result:
+                out.append(kv_size_line(c, result["kv_types"]))
+    else:
+        out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                for name, b in result["kv_buffers_bytes"].items()]
+        if caches and "kv_types" in result:
+            out.append(kv_size_line(caches[0], result["kv_types"]))
     if result["pipeline_parallel"]:
         out.append("llama_context: pipeline parallelism enabled")
     out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")

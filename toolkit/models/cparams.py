@@ -62,9 +62,7 @@ class ContextParams:
     override_tensor: tuple[str, ...] = ()  # -ot items, "REGEX=BUFT" (toolkit.models.overrides)
     cpu_moe: bool = False                  # --cpu-moe
     n_cpu_moe: int = 0                     # --n-cpu-moe N
-    # --swa-full: a full-size SWA cache (llama_kv_cache_iswa); no effect on models without sliding-window
-    # attention, which are all the toolkit plans today
-    swa_full: bool = False
+    swa_full: bool = False                 # --swa-full: the SWA cache of an iSWA model gets n_ctx_seq cells
 
     def __post_init__(self) -> None:
         # llama_context_params holds these as uint32_t; llama_context's constructor refuses
