@@ -151,9 +151,9 @@ def test_models_from_the_m_flag(tmp_path) -> None:  # type: ignore[no-untyped-de
     assert load_model_arg(str(p)).n_layer == 2
     with pytest.raises(ParameterError, match="preset name"):
         load_model_arg("nonesuch")
-    with pytest.raises(UnsupportedFeature, match="'qwen3' is not implemented") as e:
-        model_from_dict({"name": "q", "arch": "qwen3", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_ff": 8})
-    assert e.value.feature.startswith("architecture")
+    with pytest.raises(UnsupportedFeature, match="'mamba2' is not supported") as e:
+        model_from_dict({"name": "q", "arch": "mamba2", "n_layer": 1, "n_embd": 8, "n_head": 1, "n_ff": 8})
+    assert e.value.feature.startswith("arch")
     moe = {"name": "m", "arch": "llama", "n_expert": 4, "n_expert_used": 2, "n_ff_exp": 8, "n_layer": 1,
            "n_embd": 8, "n_head": 1, "n_ff": 8}
     if "moe" in LlamaHParams.__dataclass_fields__:

@@ -110,7 +110,7 @@ class FitResult:
         return {
             "status": self.status, "printed": self.printed, "fitted": self.fitted.to_dict(),
             "printed_differs": self.printed_differs, "probes": [p.to_dict() for p in self.probes],
-            "log_lines": list(self.log_lines), "error": self.error, "exact": self.exact,
+            "log_lines": list(self.log_lines), **({"error": self.error} if self.error else {}), "exact": self.exact,
             "devices": [{"name": m.name, "description": m.description, "free": m.free, "total": m.total,
                          "target": t, "used": u} for m, t, u in zip(self.memory, self.targets, self.used)],
             "missing_mib": self.missing_mib(),

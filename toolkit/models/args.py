@@ -390,11 +390,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Lla
 
 
 def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
-    """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet."""
-    arch = str(d.get("arch", "llama"))
-    if arch != "llama":
-        raise UnsupportedFeature("architecture", f"model {d.get('name', '?')!r}: architecture {arch!r} is not "
-                                 "implemented (only llama)")
+    """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet
+    (``LlamaHParams.from_dict`` refuses the architectures without a graph builder)."""
     # refused only while LlamaHParams has no field for experts (toolkit.models.moe adds ``moe``)
     if int(d.get("n_expert", 0) or 0) > 0 and "moe" not in LlamaHParams.__dataclass_fields__:
         raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
