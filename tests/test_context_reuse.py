@@ -6,11 +6,11 @@ import pytest
 from oracle_cases import case
 
 from toolkit.backend import Buffer
-from toolkit.context import Context, SchedParams
+from toolkit.context import Context, context_from_case
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.tensor import BufferUsage
 from toolkit.models import ContextParams, presets
-from toolkit.models.cases import context_from_case
+from toolkit.reuse import SchedParams
 from toolkit.sched import hash_size
 
 
@@ -33,12 +33,12 @@ def test_can_reuse_branches(new: SchedParams, ok: bool) -> None:
 def test_sched_new_keeps_or_replaces_the_scheduler() -> None:
     ctx = _tiny()
     s0 = ctx.scheduler
-    assert ctx.sched_new(SchedParams(512, False, True)) is True and ctx.scheduler is s0
+    assert ctx.holder.sched_new(SchedParams(512, False, True)) is True and ctx.scheduler is s0
     assert ctx.sched_params_cur == SchedParams(1024, False, True)  # the kept scheduler's params
-    assert ctx.sched_new(SchedParams(2048, False, True)) is False and ctx.scheduler is not s0
+    assert ctx.holder.sched_new(SchedParams(2048, False, True)) is False and ctx.scheduler is not s0
     s1 = ctx.scheduler
-    assert ctx.sched_new(SchedParams(2048, False, False)) is False and ctx.scheduler is not s1
-    assert ctx.sched_new(SchedParams(2048, True, False)) is False and ctx.scheduler.n_copies == 4
+    assert ctx.holder.sched_new(SchedParams(2048, False, False)) is False and ctx.scheduler is not s1
+    assert ctx.holder.sched_new(SchedParams(2048, True, False)) is False and ctx.scheduler.n_copies == 4
 
 
 def test_events_explain_each_decision() -> None:

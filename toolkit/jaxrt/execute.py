@@ -22,6 +22,7 @@ import numpy as np
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.compile import CompileCache, CompiledSplit, SplitProgram, base_of, default_cache
+from toolkit.sched import Scheduler
 
 
 @dataclass
@@ -171,13 +172,9 @@ def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
     return np.asarray(x if t.type.name in ("I32", "I64") else as_f32(x, t.type))
 
 
-def scheduler_splits(sched: Any) -> list[SplitSpec]:
+def scheduler_splits(sched: Scheduler) -> list[SplitSpec]:
     """The allocated graph's splits with their (source, copy for cur_copy) pairs (§3.5)."""
-    copies = sched._copies  # noqa: SLF001 - the scheduler's tensor_copies table
-    cur = sched.cur_copy
-    return [SplitSpec(sp.backend_id, list(sp.nodes),
-                      [(inp, copies[(id(inp), sp.backend_id)][cur]) for inp in sp.inputs])
-            for sp in sched.splits]
+    return [SplitSpec(sp.backend_id, list(sp.nodes), sched.split_input_pairs(sp)) for sp in sched.splits]
 
 
 class Runtime:

@@ -115,6 +115,12 @@ class Traced:
         return t
 
     # ---- graphs ----------------------------------------------------------------------------
+    def param_tree(self) -> Any:
+        """The parameters as the function takes them (the traced values), None without params."""
+        import jax.tree_util as tu  # lazy: jax
+
+        return tu.tree_unflatten(self._p_tree, self.param_values) if self.has_params else None
+
     def build(self) -> TracedGraph:
         """A fresh graph (weights shared): nodes in jaxpr order, dead equations dropped."""
         conv = Converter(self.inline, self.opaque)

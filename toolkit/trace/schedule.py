@@ -9,13 +9,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from toolkit.backend import Backend
+from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
 from toolkit.ggml.tensor import is_view_op
+from toolkit.sched import Scheduler
 from toolkit.trace.execute import Executor, RunReport
 from toolkit.trace.nodes import LeafInfo
 
 if TYPE_CHECKING:
     from toolkit.sched.plan import Plan
     from toolkit.trace.api import Traced, TracedGraph
+
+
+def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
+    """The default max_nodes of a traced graph: ``max(GGML_DEFAULT_GRAPH_SIZE, 2 × (n_nodes + n_leafs))``."""
+    return max(GGML_DEFAULT_GRAPH_SIZE, 2 * (n_nodes + n_leafs))
 
 
 def splits_of(node_backend: Sequence[int], views: Sequence[bool]) -> list[tuple[int, int, int]]:
@@ -66,11 +73,9 @@ class Schedule:
     def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
         """reserve on one build, alloc_graph on another (a graph is split once, §3)."""
-        from toolkit.sched import Scheduler
-
         first = traced.build()
-        n = first.graph.n_nodes + first.graph.n_leafs
-        s = Scheduler(list(backends), None, max_nodes or max(1024, 2 * n), parallel, op_offload, planner)
+        s = Scheduler(list(backends), None, max_nodes or auto_max_nodes(first.graph.n_nodes, first.graph.n_leafs),
+                      parallel, op_offload, planner)
         s.reset()
         _pin(s, first, pins)
         ok = s.reserve(first.graph)
