@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.context import Context  # noqa: E402
 from toolkit.models import ContextParams, presets  # noqa: E402
+from toolkit.sched.gallocr import merged_intervals  # noqa: E402
 from toolkit.sched.offline import Interval, plan_offline  # noqa: E402
-from toolkit.sched.report import merged_intervals  # noqa: E402
 
 COLS = ["model", "n_ctx", "fa", "nodes", "ggml", "offline", "lower bound", "ggml/LB", "offline/LB",
         "ggml walk us/node", "offline us/node", "reuse ms", "rebuild ms", "sched_new ms"]

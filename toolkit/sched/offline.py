@@ -1,11 +1,12 @@
 """An offline memory planner: every tensor's lifetime is known before any offset is chosen.
 
-ggml's allocator (spec §6.1, §6.5) is *online*: it walks the graph in node order and picks each
-offset by best fit among the blocks free at that moment, so an early choice can strand a hole
-that a later, larger tensor cannot use. Here the whole set of lifetimes is known in advance (the
-scheduler collects them from a ggml-style walk, §6.5), which turns planning into the classic
-dynamic storage allocation problem: place rectangles (time x bytes) so that no two rectangles
-that share a node position share a byte, minimising the height.
+ggml's allocator (``ggml_dyn_tallocr`` driven by ``ggml_gallocr_alloc_graph_impl``) is *online*:
+it walks the graph in node order and picks each offset by best fit among the blocks free at that
+moment, so an early choice can strand a hole that a later, larger tensor cannot use. Here the
+whole set of lifetimes is known in advance (the scheduler collects them from ggml's own walk),
+which turns planning into the classic dynamic storage allocation problem: place rectangles
+(time x bytes) so that no two rectangles that share a node position share a byte, minimising
+the height.
 
 Several cheap constructive strategies run and the lowest total wins (DEFAULT_STRATEGIES):
 - greedy by a key (size; also start = the order ggml sees tensors): place each interval, in key
@@ -23,7 +24,7 @@ where only a few tensors are live at once).
 Lifetimes are *inclusive* node positions ([start, end]): a tensor allocated at node i and freed
 after its last consumer at node j occupies [i, j]. Two intervals conflict when they share any
 position, which reproduces ggml's rule that a node's parents are freed only after the node itself
-is allocated (§6.5); in-place chains arrive already merged into one interval.
+is allocated (``ggml_gallocr_alloc_graph_impl``); in-place chains arrive already merged into one interval.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def _greedy_by(key: str) -> _Strategy:
         import numpy as np
 
         length = ends - starts + 1
-        if key == "start":  # time order, like ggml's online walk (§6.5), larger first on ties
+        if key == "start":  # time order, like ggml's online walk, larger first on ties
             return _greedy(np.lexsort((-sizes, starts)), sizes, starts, ends)
         primary = {"size": sizes, "area": sizes * length, "length": length}[key]
         secondary = length if key == "size" else sizes

@@ -2,14 +2,14 @@
 
 :class:`TracedContext` holds a :class:`~toolkit.trace.api.Traced` function, its backends and one
 :class:`~toolkit.sched.Scheduler`. ``sched_new`` keeps the scheduler when
-:meth:`SchedParams.can_reuse` says it can serve the new params (the seed's rule, §8), and every
+:meth:`SchedParams.can_reuse` says it can serve the new params (``llama_context::sched_params::can_reuse``), and every
 ``sched_reserve`` / ``update`` appends the same :class:`~toolkit.context.ReserveEvent` a llama
 context records, so the dashboard's badge, timeline, buffer and split figures read it unchanged.
 
 A traced function has one graph (no prompt/generation pair), so an event's pp and tg fields
 carry the same numbers. ``max_nodes`` plays the role it has in llama.cpp: it sizes the graph
 (``ggml_new_graph_custom(ctx, max_nodes)``, so it must exceed the node and leaf counts) and the
-scheduler's hash set (§2.3); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
+scheduler's hash set (``ggml_hash_size(max_nodes)``); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
 :meth:`Traced.schedule` uses.
 
 >>> import jax.numpy as jnp, toolkit
@@ -180,7 +180,7 @@ class TracedContext:
         return self.max_nodes_override or auto_max_nodes(self.n_nodes, self.n_leafs)
 
     def build(self) -> TracedGraph:
-        """A fresh build (the scheduler rewrites a graph's srcs when it splits it, §3), pins applied."""
+        """A fresh build (``ggml_backend_sched_split_graph`` rewrites a graph's srcs), pins applied."""
         tg = self.traced.build()
         self.scheduler.reset()
         for name, b in self.pins.items():

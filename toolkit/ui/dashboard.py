@@ -2,7 +2,7 @@
 
 >>> import toolkit
 >>> dash = toolkit.dashboard(model="tiny")       # doctest: +SKIP
->>> dash.controls["max_nodes"].value = "512"     # doctest: +SKIP  (same as typing in the page)
+>>> dash.controls["max_nodes"].value = "512"     # as typed  # doctest: +SKIP
 >>> dash.ctx.events[-1].decision                 # doctest: +SKIP
 'reused'
 
@@ -18,7 +18,6 @@ import asyncio
 import html
 import time
 from collections.abc import Callable
-from copy import deepcopy
 from functools import partial
 from typing import Any
 
@@ -468,14 +467,12 @@ def _keep_state_current(fw: go.FigureWidget) -> None:
 
     plotly sends edits as one-off messages and leaves that state at the first draw, so a page
     reload (which asks the kernel for the state) or a saved notebook would show an old figure.
-    The property lock stops the state from being sent a second time: the views have it already.
+    Only public API is used: the traces' and layout's ``to_plotly_json`` (deep copies of what
+    plotly holds) set through ``set_trait``, which also syncs the state to the views once more.
     """
-    data, layout = deepcopy(fw._data), deepcopy(fw._layout)
-    lock = {"_widget_data": fw.trait_metadata("_widget_data", "to_json", fw._trait_to_json)(data, fw),
-            "_widget_layout": fw.trait_metadata("_widget_layout", "to_json", fw._trait_to_json)(layout, fw)}
-    with fw._lock_property(**lock):
-        fw._widget_data = data
-        fw._widget_layout = layout
+    with fw.hold_trait_notifications():
+        fw.set_trait("_widget_data", [t.to_plotly_json() for t in fw.data])
+        fw.set_trait("_widget_layout", fw.layout.to_plotly_json())
 
 
 def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: float | None = None, *,
