@@ -175,3 +175,21 @@ def test_changing_devices_rebuilds_and_matches_a_fresh_context() -> None:
     again = ctx.update(n_gpu_layers=1)
     assert again.decision == "reused"
     assert again.buffers[0].allocated == obs["compute_buffers_bytes"]["RPC0[127.0.0.1:50052]"]
+
+
+def test_caller_backends_are_not_mutated() -> None:
+    """devices_from_backends reads the caller's backends; it does not grow their profiles."""
+    from toolkit.backend import profiles
+
+    gpu = profiles.simulated(0)
+    cpu = profiles.cpu(gpu.host_buft)
+    before_cpu, before_gpu = cpu.profile.readable_bufts, gpu.profile.readable_bufts
+    ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="off"), devices=[gpu, cpu])
+    for change in ({"n_ctx": 512}, {"max_nodes": 4096}, {"op_offload": False}, {"n_ubatch": 128}):
+        ctx.update(**change)
+    assert cpu.profile.readable_bufts is before_cpu and len(before_cpu) == 1
+    assert gpu.profile.readable_bufts is before_gpu
+    # the context's own CPU backend reads the CPU weights' buft and the repack buft besides its own
+    mine = ctx.backends[-1]
+    assert mine is not cpu and mine.name == cpu.name and mine.buft is cpu.buft
+    assert len(mine.profile.readable_bufts) == 3 and ctx.setup.devices.cpu_buft in mine.profile.readable_bufts

@@ -192,7 +192,15 @@ def test_random_graphs_keep_the_invariants(bspec: dict, r: dict, parallel: bool,
     assert s.alloc_graph(g2)
     check_invariants(s, g2, allocs=False)
     assert s.buffer_sizes() == sizes  # the reserved buffers already fit the identical graph
-    assert s.n_splits == s.plan().n_splits
+    # the plan places every non-view node inside its split's range, on that split's backend
+    plan = s.plan()
+    assert [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits] == \
+        [(sp.backend_id, sp.i_start, sp.i_end) for sp in s.splits]
+    for npl in plan.nodes:
+        if npl.is_view:
+            continue
+        sp = plan.splits[npl.split]
+        assert sp.i_start <= npl.index < sp.i_end and npl.backend_id == sp.backend_id, npl
 
 
 @settings(max_examples=25, deadline=None)

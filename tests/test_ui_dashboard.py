@@ -235,13 +235,19 @@ def test_runtime_buttons_degrade_gracefully() -> None:
 def test_split_map_collapse_toggle_redraws() -> None:
     from test_ui_figures import sample_plan
 
+    from toolkit.ui import figures
+
+    def bars(fig: go.Figure) -> list[tuple[object, ...]]:
+        return [(t.name, tuple(t.y), tuple(t.x), tuple(t.base)) for t in fig.data if t.type == "bar"]
+
     ctx, dash = make_dashboard()
-    ev = ctx.events[-1]
-    ctx.events[-1] = replace(ev, plan=sample_plan())
+    plan = sample_plan()
+    ctx.events[-1] = replace(ctx.events[-1], plan=plan)
     dash._draw(force=True)
-    layered = len(dash.figures["split_map"].data)
-    dash.collapse.value = "none"
-    assert len(dash.figures["split_map"].data) >= layered
+    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "layer"))
+    dash.collapse.value = "none"                       # the toggle alone redraws, node by node
+    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "none"))
+    assert bars(figures.split_map(plan, "none")) != bars(figures.split_map(plan, "layer"))
 
 
 CHANGES = st.one_of(

@@ -141,10 +141,15 @@ def _expand(specs: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
+def cpu_repack_buft() -> BufferType:
+    """ggml-cpu's extra buft for repacked quantized weights (``CPU_REPACK``, not a host buft)."""
+    return BufferType("CPU_REPACK", 32, None, False)
+
+
 def make_devices(specs: Sequence[str], *, split_mode: str = "layer", main_gpu: int = 0) -> DeviceSet:
     """Create the backends for ``specs``; with split mode ``none`` only ``main_gpu`` is a model device."""
     cpu_buft = profiles.cpu_buft()
-    repack = BufferType("CPU_REPACK", 32, None, False)
+    repack = cpu_repack_buft()
     gpus: list[Backend] = []
     names: list[str] = []
     accels: list[Backend] = []
