@@ -29,13 +29,12 @@ is allocated (``ggml_gallocr_alloc_graph_impl``); in-place chains arrive already
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # numpy loads lazily: `import toolkit` stays cheap (ARCHITECTURE.md)
-    import numpy as np
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,6 @@ _Strategy = Callable[["np.ndarray", "np.ndarray", "np.ndarray"], "np.ndarray"]
 def _greedy(order: np.ndarray, sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Place intervals in ``order``; each goes into the smallest gap that fits it among the
     intervals already placed that overlap it in time (lowest gap on ties), else on top."""
-    import numpy as np
 
     n = len(sizes)
     offsets = np.zeros(n, dtype=np.int64)
@@ -152,7 +150,6 @@ def _greedy(order: np.ndarray, sizes: np.ndarray, starts: np.ndarray, ends: np.n
 
 def _greedy_by(key: str) -> _Strategy:
     def run(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        import numpy as np
 
         length = ends - starts + 1
         if key == "start":  # time order, like ggml's online walk, larger first on ties
@@ -175,9 +172,7 @@ def _skyline_place(score: np.ndarray, sizes: np.ndarray, starts: np.ndarray, end
     exactly if any, else one starting or ending with it if any, else any; the highest ``score``
     among those. When none lies inside, the segment is raised to its lower neighbour and merged.
     """
-    import heapq
 
-    import numpy as np
 
     n = len(sizes)
     # compress time to the distinct starts, so segments split only where something starts
@@ -256,7 +251,6 @@ def _pick(cs_l: list[int], ce_l: list[int], score_l: list[float], cs_a: np.ndarr
     One spanning the segment exactly if any, else one starting or ending with it if any, else
     any; the highest score among those, the first on ties. Both paths choose alike.
     """
-    import numpy as np
 
     if hi - lo <= _SCAN_IN_PYTHON:
         best, best_key = -1, (-1, 0.0)
@@ -281,7 +275,6 @@ def _pick(cs_l: list[int], ce_l: list[int], score_l: list[float], cs_a: np.ndarr
 
 
 def _skyline_score(key: str, sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    import numpy as np
 
     length = (ends - starts + 1).astype(np.float64)
     fsizes = sizes.astype(np.float64)
@@ -333,7 +326,6 @@ def plan_offline(intervals: Sequence[Interval], alignment: int = 1, *,
     >>> plan_offline([Interval(64, 0, 1), Interval(32, 1, 2), Interval(64, 2, 3)])
     ([0, 64, 0], 96)
     """
-    import numpy as np
 
     _check_alignment(alignment)
     if iterations < 0:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from toolkit.backend import Backend
 from toolkit.errors import AllocationError, ParameterError
 from toolkit.models.devices import make_devices, parse_picker
@@ -343,7 +345,6 @@ class TracedContext:
         """Run split by split on the backends' devices and compare with ``jax.jit(f)``: outputs,
         max |difference|, splits run, copies between devices and wall time."""
         import jax  # lazy: running needs JAX, planning does not
-        import numpy as np
 
         args = args or self.args
         if not args and self.traced.arg_paths:
