@@ -27,7 +27,7 @@ def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
 
 def splits_of(node_backend: Sequence[int], views: Sequence[bool]) -> list[tuple[int, int, int]]:
     """Consecutive runs of non-view nodes on one backend (views stay in the run they sit in),
-    as pass 5 cuts them when no split has inputs to force a new one (§3.5)."""
+    as ``ggml_backend_sched_split_graph`` pass 5 cuts them when no split has inputs to force a new one."""
     out: list[tuple[int, int, int]] = []
     cur, start = -1, 0
     for i, (b, v) in enumerate(zip(node_backend, views, strict=True)):
@@ -72,7 +72,8 @@ class Schedule:
     @classmethod
     def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
-        """reserve on one build, alloc_graph on another (a graph is split once, §3)."""
+        """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's
+        srcs, so a graph is split once)."""
         first = traced.build()
         s = Scheduler(list(backends), None, max_nodes or auto_max_nodes(first.graph.n_nodes, first.graph.n_leafs),
                       parallel, op_offload, planner)
@@ -176,7 +177,7 @@ class Schedule:
                 values[id(t)] = jax.device_put(p_values[info.index], devs[b])
                 homes[id(t)] = b
             elif info.kind == "input":
-                # graph inputs start on the last (CPU) backend (§3.1 step 4)
+                # graph inputs start on the last (CPU) backend (``ggml_backend_sched_backend_id_from_cur``)
                 values[id(t)] = jax.device_put(flat_args[info.index], devs[last])
                 homes[id(t)] = last
             else:
