@@ -39,7 +39,7 @@ _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
 # resolve_fused_ops: GDN AR/chunked, Lightning Indexer, DSv4 HC pre/comb/post; graph_reserve rounds
 # each up to a multiple of n_seqs (a probe must give every KV stream at least one token)
 N_FUSED_OP_PROBES = (1, 16, 1, 1, 1, 1)
-AUTO_MAX_NODES_TEXT = "max(1024, 8·n_tensors)"
+AUTO_MAX_NODES_TEXT = "llama_context::graph_max_nodes: max(1024, 8·n_tensors)"
 
 
 @runtime_checkable

@@ -162,7 +162,7 @@ class Dashboard:
             "max_nodes": W.Text(value=str(self.ctx.max_nodes_override or "auto"),
                                 description="max_nodes", continuous_update=False, style=style,
                                 placeholder="auto or a number", layout=W.Layout(width="200px"),
-                                tooltip="auto = llama.cpp's llama_context::graph_max_nodes: max(1024, 8 × n_tensors)"),
+                                tooltip=f"auto = {self.ctx.auto_max_nodes_text}"),
             "parallel": W.Checkbox(value=bool(parallel), description="pipeline parallelism", indent=False),
             "op_offload": W.Checkbox(value=bool(op_offload), description="op offload", indent=False),
             "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
@@ -180,7 +180,6 @@ class Dashboard:
         if isinstance(self.ctx, TracedContext):
             for k in LLAMA_ONLY_CONTROLS:
                 del c[k]
-            c["max_nodes"].tooltip = f"auto = {self.ctx.auto_max_nodes_text}"
             c["placement"] = W.Text(value=describe_placement(self.ctx.traced.placement), description="placement",
                                     placeholder="0 | -1 | fc1.*:0, fc2.*:1", continuous_update=False, style=style,
                                     layout=W.Layout(width="320px"),
