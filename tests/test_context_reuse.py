@@ -195,3 +195,15 @@ def test_caller_backends_are_not_mutated() -> None:
     mine = ctx.backends[-1]
     assert mine is not cpu and mine.name == cpu.name and mine.buft is cpu.buft
     assert len(mine.profile.readable_bufts) == 3 and ctx.setup.devices.cpu_buft in mine.profile.readable_bufts
+
+
+def test_both_contexts_are_read_through_the_view_protocol() -> None:
+    """The dashboard and the runtime read contexts through ContextView; a llama context also offers
+    its params and the runtime's entry points (LlamaContextView), a traced one does not."""
+    from toolkit.context import LlamaContextView
+    from toolkit.reuse import ContextView
+
+    ctx = _tiny()
+    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
+    assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
+    assert not isinstance(object(), ContextView)

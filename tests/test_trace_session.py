@@ -226,3 +226,12 @@ def test_budget_too_small_for_pipeline_parallelism_falls_back() -> None:
     assert ("parallel", True, False) in [(r.field, r.before, r.after) for r in ev.reasons]
     assert ev.warnings and ev.buffers[0].allocated == plain
     assert describe_backends(ctx.backends) == ("sim:2", budget_mib)
+
+
+def test_a_traced_context_is_a_context_view_but_not_a_llama_one() -> None:
+    from toolkit.context import LlamaContextView
+    from toolkit.reuse import ContextView
+
+    ctx = make_ctx()
+    assert isinstance(ctx, ContextView) and not isinstance(ctx, LlamaContextView)
+    assert ctx.compute_buffers_bytes() == {b.buft: b.allocated for b in ctx.events[-1].buffers}
