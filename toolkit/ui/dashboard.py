@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 
 import ipywidgets as W
+import ipywidgets.widgets.widget as ipywidgets_widget
 import plotly.graph_objects as go
 
 from toolkit.context import LlamaContextView
@@ -468,12 +469,17 @@ def _keep_state_current(fw: go.FigureWidget) -> None:
 
     plotly sends edits as one-off messages and leaves that state at the first draw, so a page
     reload (which asks the kernel for the state) or a saved notebook would show an old figure.
-    Only public API is used: the traces' and layout's ``to_plotly_json`` (deep copies of what
-    plotly holds) set through ``set_trait``, which also syncs the state to the views once more.
+    ``Widget.set_state`` stores a state as if the views had sent it, so it is not sent back to
+    them (they have it already); its echo to the views is switched off for the call.
     """
-    with fw.hold_trait_notifications():
-        fw.set_trait("_widget_data", [t.to_plotly_json() for t in fw.data])
-        fw.set_trait("_widget_layout", fw.layout.to_plotly_json())
+    values = {"_widget_data": [t.to_plotly_json() for t in fw.data], "_widget_layout": fw.layout.to_plotly_json()}
+    state = {name: fw.trait_metadata(name, "to_json")(value, fw) for name, value in values.items()}
+    echo = ipywidgets_widget.JUPYTER_WIDGETS_ECHO
+    ipywidgets_widget.JUPYTER_WIDGETS_ECHO = False
+    try:
+        fw.set_state(state)
+    finally:
+        ipywidgets_widget.JUPYTER_WIDGETS_ECHO = echo
 
 
 def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: float | None = None, *,
