@@ -25,6 +25,7 @@ import numpy as np
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.compile import CompileCache, CompiledSplit, SplitProgram, base_of, default_cache
+from toolkit.jaxrt.kernels import as_f32
 from toolkit.sched import Scheduler
 
 
@@ -166,8 +167,6 @@ class GraphRunner:
 
 def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
     """A tensor's logical value as numpy (f32 for float types), for callers and tests."""
-    from toolkit.jaxrt.kernels import as_f32
-
     if t.view_src is None and t.type.name in ("F32", "I32") and t.is_contiguous:
         # a packed f32/i32 result: no device op, one host copy
         return np.asarray(flat).reshape(t.ne[3], t.ne[2], t.ne[1], t.ne[0])

@@ -12,6 +12,7 @@ from toolkit.backend import Backend
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
 from toolkit.ggml.tensor import is_view_op
 from toolkit.sched import Scheduler
+from toolkit.trace.checks import check_plan
 from toolkit.trace.execute import Executor, RunReport
 from toolkit.trace.nodes import LeafInfo
 
@@ -107,8 +108,6 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Plan invariants that do not hold (:func:`toolkit.trace.checks.check_plan`); [] when valid."""
-        from toolkit.trace.checks import check_plan
-
         if self.plan is None:
             return []
         return check_plan(self.plan, self.built.graph, self.backends)
