@@ -32,6 +32,7 @@ from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
+from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 
 BuildFn = Callable[[int, int, int], Any]  # (n_tokens, n_seqs, n_outputs) -> LlamaGraph
 LOG_SIZE = 256  # ubatches kept in Engine.log (a long generation must not grow memory)
@@ -72,8 +73,6 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
                         ) -> dict[str, np.ndarray]:
     """Random weights in each tensor's own type (``t.data``); returns the f32 values ggml computes
     with (after quantization). ``tied``: output.weight shares token_embd's data."""
-    from toolkit.jaxrt.gguf_io import decode_values, encode
-
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
@@ -94,8 +93,6 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
 def attach_gguf(tensors: dict[str, Tensor], source: Any, *, tied: bool = False) -> None:
     """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked);
     ``source`` is a path or a :class:`~toolkit.jaxrt.gguf_io.GGUFModel` already read."""
-    from toolkit.jaxrt.gguf_io import GGUFModel, read_gguf
-
     g = source if isinstance(source, GGUFModel) else read_gguf(source)
     path = g.path
     for name, t in tensors.items():
