@@ -59,6 +59,7 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
+    swa_full: bool = False                 # --swa-full: the SWA cache of an iSWA model gets n_ctx_seq cells
 
     def __post_init__(self) -> None:
         # llama_context_params holds these as uint32_t; llama_context's constructor refuses
@@ -145,6 +146,7 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            swa_full=bool(d.get("swa_full", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:
