@@ -112,7 +112,8 @@ def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 def cmd_plan(argv: Sequence[str]) -> int:
     from toolkit.fit.plan import plan_args
     from toolkit.models.args import parse_args
-    from toolkit.models.cases import load_cases, log_lines, plan_case
+    from toolkit.context import plan_case
+    from toolkit.models.cases import load_cases, log_lines
     opts, rest = split_tool_options(argv)
     if "cases" not in opts:
         r = plan_args(parse_args(rest, env=os.environ))
@@ -185,7 +186,8 @@ def cmd_fit(argv: Sequence[str]) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from toolkit.models.cases import context_from_case, load_cases
+    from toolkit.context import context_from_case
+    from toolkit.models.cases import load_cases
     found = [c for c in load_cases(args.case) if c.get("id") == args.id or args.id is None]
     if not found:
         print(f"error: no case with id {args.id!r} in {args.case}", file=sys.stderr)
