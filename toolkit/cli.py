@@ -110,9 +110,9 @@ def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
+    from toolkit.context import plan_case
     from toolkit.fit.plan import plan_args
     from toolkit.models.args import parse_args
-    from toolkit.context import plan_case
     from toolkit.models.cases import load_cases, log_lines
     opts, rest = split_tool_options(argv)
     if "cases" not in opts:

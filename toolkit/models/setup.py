@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
-from toolkit.errors import UnsupportedFeature
-from toolkit.errors import ParameterError
+from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
