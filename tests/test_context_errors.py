@@ -14,15 +14,19 @@ def _ctx() -> Context:
 
 
 @pytest.mark.parametrize(("changes", "words"), [
-    ({"max_nodes": 0}, ("max_nodes=0", "positive")),
-    ({"max_nodes": -4}, ("max_nodes=-4", "positive")),
+    ({"max_nodes": 0}, ("max_nodes=0", "from 1")),
+    ({"max_nodes": -4}, ("max_nodes=-4", "from 1")),
+    # wrong types are refused, not coerced: a string is truthy, True is 1
+    ({"max_nodes": True}, ("max_nodes=True", "an integer")),
+    ({"parallel": "yes"}, ("parallel='yes'", "True or False")),
+    ({"op_offload": "no"}, ("op_offload='no'", "True or False")),
     ({"max_nodes": 60}, ("max_nodes=60", "too small", "capacity 60")),
     ({"max_nodes": 77, "op_offload": False}, ("max_nodes=77", "too small", "capacity 77")),
     ({"devices": ("gpu",)}, ("unknown device 'gpu'", "known kinds")),
     ({"n_ubatch": 1024, "n_batch": 512}, ("n_ubatch=1024", "n_batch=512")),
     ({"n_gpu_layers": -2}, ("n_gpu_layers=-2", "from 0")),
-    ({"type_k": "q8_0", "type_v": "q8_0"}, ("q8_0", "block size 32", "n_embd_head_k=16")),
-    ({"type_v": "q4_0"}, ("V cache type q4_0", "n_embd_head_v=16")),
+    ({"type_k": "q8_0", "type_v": "q8_0"}, ("type_k='q8_0'", "block size 32", "n_embd_head_k=16")),
+    ({"type_v": "q4_0"}, ("type_v='q4_0'", "n_embd_head_v=16")),
     ({"n_ctxx": 5}, ("n_ctxx",)),
 ])
 def test_bad_input_keeps_the_context(changes: dict, words: tuple[str, ...]) -> None:
@@ -58,7 +62,7 @@ def test_a_reused_scheduler_still_needs_graph_capacity() -> None:
 
 
 def test_quantized_v_cache_needs_flash_attention() -> None:
-    with pytest.raises(ValueError, match="V cache quantization \\(q8_0\\) requires flash_attn"):
+    with pytest.raises(ParameterError, match="type_v=.q8_0.*V cache quantization requires flash_attn"):
         Context(presets.small(), ContextParams(n_ctx=256, flash_attn="off", type_v="q8_0", n_gpu_layers=0))
 
 

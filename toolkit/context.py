@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.errors import AllocationError, ParameterError, ToolkitError
 from toolkit.ggml.graph import Graph, GraphFull
@@ -197,9 +198,7 @@ class Context:
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, *,
                       split_only: bool = False) -> LlamaGraph | None:
         """``llama_context::graph_reserve``: the graph (a LlamaGraph), or None when allocation failed."""
-        if n_tokens % n_seqs:
-            n_tokens = -(-n_tokens // n_seqs) * n_seqs
-            n_outputs = max(n_outputs, n_tokens)
+        n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, n_outputs)
         lg = self.build_llama_graph(n_tokens, n_seqs, n_outputs)
         if split_only:
             self.scheduler.split_graph(lg.graph)
@@ -209,9 +208,9 @@ class Context:
     def _precheck(self, params: SchedParams) -> None:
         """Refuse a max_nodes too small for the graph before touching the scheduler (state kept)."""
         rp = self.setup.resolved
-        n_tokens = min(rp.n_ctx, rp.n_ubatch)
+        n_tokens, n_outputs = reserve_shape(min(rp.n_ctx, rp.n_ubatch), rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch))
         try:
-            g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_tokens).graph
+            g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_outputs).graph
         except GraphFull as e:
             raise ParameterError("max_nodes", params.max_nodes, "room for every node of the graph",
                                  f"too small for the graph: {e}") from None
@@ -295,24 +294,14 @@ class Context:
 
     def _apply(self, changes: Mapping[str, Any], trigger: str) -> ReserveEvent:
         cp_changes = {k: v for k, v in changes.items() if k not in _SCHED_FIELDS}
-        try:
-            new_cp = self.cparams.replace(**cp_changes) if cp_changes else self.cparams
-        except ToolkitError:
-            raise
-        except ValueError as e:  # ContextParams' own checks: bad user input, same message
-            raise ToolkitError(str(e)) from e
+        new_cp = self.cparams.replace(**cp_changes) if cp_changes else self.cparams
         if "max_nodes" in changes:
             self.max_nodes_override = _check_max_nodes(changes["max_nodes"])
         reasons: list[Reason] = []
         if any(getattr(new_cp, k) != getattr(self.cparams, k) for k in new_cp.__dataclass_fields__
                if k != "op_offload"):
             same_devs = all(getattr(new_cp, k) == getattr(self.cparams, k) for k in _DEVICE_FIELDS)
-            try:
-                new_setup = setup(self.hparams, new_cp, self.backends_arg, self.setup.devices if same_devs else None)
-            except ToolkitError:
-                raise
-            except ValueError as e:  # llama_init_from_model refuses the params (KV types, devices)
-                raise ToolkitError(str(e)) from e
+            new_setup = setup(self.hparams, new_cp, self.backends_arg, self.setup.devices if same_devs else None)
             self.setup = new_setup
             self.fa_resolved = new_cp.flash_attn != "auto"
             self.pipeline_parallel = new_setup.pipeline_parallel
@@ -323,7 +312,7 @@ class Context:
         self.cparams = new_cp
         if "parallel" in changes:
             p = changes["parallel"]
-            self.parallel_override = None if p is None else bool(p)
+            self.parallel_override = None if p is None else validate.boolean("parallel", p)
         if self.parallel_override is not None:
             self.pipeline_parallel = self.parallel_override
         elif "parallel" in changes:
@@ -382,10 +371,18 @@ class Context:
                 f"sched={p}, events={len(self.events)})")
 
 
+def reserve_shape(n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
+    """``llama_context::graph_reserve`` makes n_tokens a multiple of n_seqs (rounding up)."""
+    if n_tokens % n_seqs:
+        n_tokens = -(-n_tokens // n_seqs) * n_seqs
+        n_outputs = max(n_outputs, n_tokens)
+    return n_tokens, n_outputs
+
+
 def _check_max_nodes(max_nodes: Any) -> int | None:
-    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes <= 0):
-        raise ParameterError("max_nodes", max_nodes, "a positive integer (or None for graph_max_nodes)")
-    return max_nodes
+    # graph_max_nodes is a uint32_t in llama.cpp; what the hash set for it costs is checked later
+    return validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
+                                     none_means="llama_context::graph_max_nodes")
 
 
 # ---- oracle cases ------------------------------------------------------------------------------
@@ -401,6 +398,6 @@ def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
     """What llama.cpp printed for a case, under the oracle's names, or ``{"id", "error"}`` when it refuses."""
     try:
         ctx = context_from_case(case)
-    except ValueError as e:
-        return {"id": case.get("id"), "error": str(e)}
+    except ToolkitError as e:
+        return {"id": case.get("id"), "error": e.llama_text or str(e)}
     return {"id": case.get("id"), **summary(ctx)}
