@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from toolkit import validate
 from toolkit.backend import Backend
+from toolkit.backend.host import check_host_bytes
 from toolkit.errors import AllocationError, ParameterError, ToolkitError
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
@@ -32,6 +33,7 @@ from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler
+from toolkit.sched.metadata import GGML_SCHED_MAX_COPIES, host_metadata_bytes
 
 __all__ = ["Context", "LlamaContextView", "context_from_case", "plan_case"]
 
@@ -91,14 +93,18 @@ class Context:
     auto_max_nodes_text = AUTO_MAX_NODES_TEXT
 
     def __init__(self, model: Any, cparams: ContextParams | None = None, devices: Sequence[Backend] | None = None,
-                 planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None) -> None:
+                 planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
+                 host_memory: int | None = None) -> None:
+        # the most host memory a plan may ask for (scheduler metadata, CPU buffers); None: the machine's
+        self.host_memory = validate.optional_integer("host_memory", host_memory, lo=0,
+                                                     none_means="the machine's physical memory")
         self.hparams = _hparams(model)
         # the runtime loads weights from here (toolkit.jaxrt); planning needs only the metadata
         self.gguf_path: str | None = model if isinstance(model, str) and model.endswith(".gguf") else None
         self.cparams: ContextParams = cparams if cparams is not None else ContextParams()
         self.backends_arg = list(devices) if devices is not None else None
         self.max_nodes_override = _check_max_nodes(max_nodes)
-        self.parallel_override = parallel
+        self.parallel_override = None if parallel is None else validate.boolean("parallel", parallel)
         self.setup: LlamaSetup = setup(self.hparams, self.cparams, self.backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
         self.holder = SchedulerHolder(lambda: self.backends, planner)
@@ -230,6 +236,11 @@ class Context:
         params = SchedParams(self.max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
         h = self.holder
+        if not h.would_reuse(params):
+            # ggml_backend_sched_new allocates its hash set and graph copies on the host
+            copies = GGML_SCHED_MAX_COPIES if params.parallel else 1
+            check_host_bytes(f"the scheduler's host metadata for max_nodes={params.max_nodes}",
+                             host_metadata_bytes(params.max_nodes, len(self.backends), copies), limit=self.host_memory)
         r = h.begin_reserve(params, extra_reasons)
         if self.setup.warnings and not self.setup.warned:
             r.warnings += self.setup.warnings   # logged once, when the memory is created
@@ -256,6 +267,7 @@ class Context:
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
+        self._check_host_buffers()
         t_end = time.perf_counter()
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
@@ -265,6 +277,21 @@ class Context:
             model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
             pipeline_parallel=self.pipeline_parallel)
+
+    def _check_host_buffers(self) -> None:
+        """Refuse a plan whose host buffers (KV cache, outputs, compute, weights not mapped from the
+        file) exceed the host memory: llama.cpp would fail to allocate them."""
+        s = self.scheduler
+        host = {b.name for b in s.bufts if b.is_host}
+        host |= {be.buft.name for be in self.backends if be.buft.is_host}
+        host |= {be.host_buft.name for be in self.backends if be.host_buft is not None}
+        compute = sum(s.buffer_size(i) for i in range(s.n_backends) if s.bufts[i].is_host)
+        other = [self.kv_buffers_bytes, self.output_buffer_bytes,
+                 {k: v for k, v in self.model_buffers_bytes.items() if not k.endswith("_Mapped")}]
+        total = compute + sum(b for d in other for name, b in d.items() if name in host)
+        rp = self.setup.resolved
+        check_host_bytes(f"host buffers for n_ctx={rp.n_ctx}, n_ubatch={rp.n_ubatch}, n_seq_max={rp.n_seq_max} "
+                         f"(KV cache, outputs, compute buffers)", total, limit=self.host_memory)
 
     def _resolve_flash_attn(self, n_seqs: int, warnings: list[str]) -> None:
         """-fa auto: FA stays on when every FLASH_ATTN_EXT runs on its layer's KV device."""
