@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from toolkit.errors import ParameterError
+
 
 class GGMLType(enum.Enum):
     """The ggml types llama.cpp uses for weights, activations and KV caches.
@@ -63,7 +65,7 @@ class GGMLType(enum.Enum):
             return cls[str(name).upper()]
         except KeyError:
             known = ", ".join(t.lower for t in cls)
-            raise ValueError(f"unknown ggml type {name!r}; known types: {known}") from None
+            raise ParameterError("type", name, f"a ggml type name ({known})", "unknown ggml type") from None
 
 
 F32 = GGMLType.F32

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.errors import UnsupportedFeature
+from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
@@ -102,19 +102,19 @@ class LlamaHParams:
         if self.rope_freqs is not None:
             rf = tuple(float(x) for x in self.rope_freqs)
             if len(rf) != self.n_rot // 2:
-                raise ValueError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
+                raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)
         if not isinstance(self.n_swa, int) or self.n_swa < 0 or not isinstance(self.swa_pattern, int) \
                 or self.swa_pattern < 0:
-            raise ValueError(f"n_swa={self.n_swa!r} and swa_pattern={self.swa_pattern!r} must be integers >= 0")
+            raise ToolkitError(f"n_swa={self.n_swa!r} and swa_pattern={self.swa_pattern!r} must be integers >= 0")
         for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+                raise ToolkitError(f"{f} must be a positive integer, got {v!r}")
         if self.n_head % self.n_head_kv:
-            raise ValueError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
+            raise ToolkitError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
         if self.n_embd_head_ is None and self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+            raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
         object.__setattr__(self, "dtype", GGMLType.parse(self.dtype))
         object.__setattr__(self, "tensor_types", {k: GGMLType.parse(v) for k, v in dict(self.tensor_types).items()})
 
@@ -224,7 +224,7 @@ class LlamaHParams:
         """Each weight's row length must be a whole number of blocks of its type."""
         for w in self.weights():
             if w.ne[0] % w.type.blck_size:
-                raise ValueError(
+                raise ToolkitError(
                     f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s block size "
                     f"{w.type.blck_size}"
                 )
@@ -249,7 +249,7 @@ class LlamaHParams:
                 **_arch_fields(d),
             )
         except KeyError as e:
-            raise ValueError(f"model description lacks {e.args[0]!r}") from None
+            raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
         hp.validate_types()
         return hp
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toolkit.backend import Backend, Buffer, BufferType
+from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
 from toolkit.models.cparams import ContextParams, ResolvedParams
@@ -42,7 +43,7 @@ def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[
     act_gpu_layers = 0 if n_dev == 0 else min(ngl, n_layer + 1)
     ts = cp.tensor_split
     if ts is not None and len(ts) > n_dev and any(ts[n_dev:]):
-        raise ValueError(f"tensor_split={list(ts)} has {len(ts)} shares for {n_dev} device(s)")
+        raise ParameterError("tensor_split", list(ts), f"at most {n_dev} share(s), one per device")
     if ts is None or not any(ts[:n_dev]):
         # default split by free memory: the budgets when every device has one; equal shares otherwise
         # (identical devices, like the oracle's two RPC servers on one host, report equal memory)
@@ -221,12 +222,14 @@ def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> No
     """The checks llama_init_from_model makes before creating a context."""
     for which, t, head in (("K", rp.type_k, hp.n_embd_head), ("V", rp.type_v, hp.n_embd_head)):
         if t.is_quantized and head % t.blck_size:
-            raise ValueError(
-                f"{which} cache type {t.lower} with block size {t.blck_size} does not divide "
-                f"n_embd_head_{which.lower()}={head}"
-            )
+            raise ParameterError(
+                f"type_{which.lower()}", t.lower, f"a type whose block size divides n_embd_head_{which.lower()}={head}",
+                f"block size {t.blck_size}", llama_text=f"{which} cache type {t.lower} with block size "
+                f"{t.blck_size} does not divide n_embd_head_{which.lower()}={head}")
     if rp.type_v.is_quantized and not flash_attn:
-        raise ValueError(f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
+        raise ParameterError("type_v", rp.type_v.lower, "a non-quantized type unless flash_attn is on",
+                             "V cache quantization requires flash_attn",
+                             llama_text=f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
 
 
 def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool,

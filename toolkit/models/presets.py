@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
 from toolkit.models.hparams import LlamaHParams
 
@@ -136,4 +137,5 @@ def get(name: str) -> LlamaHParams:
     try:
         return PRESETS[name]()
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+        raise ParameterError("model", name, "a preset name (" + ", ".join(PRESETS) + ") or a GGUF path",
+                             "unknown model preset") from None

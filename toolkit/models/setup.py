@@ -127,7 +127,7 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
 
 def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = None,
           devs: DeviceSet | None = None) -> LlamaSetup:
-    """Load the model onto devices and create the memory, raising ValueError where llama.cpp refuses.
+    """Load the model onto devices and create the memory, raising ToolkitError where llama.cpp refuses.
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
@@ -146,6 +146,10 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     model = load_model(hp, cp, devs)
     kv, kv_swa, warnings = make_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa,
                                        swa_full=cp.swa_full, unified=cp.kv_unified)
+    if rp.n_ctx_seq > hp.n_ctx_train:
+        # llama_context's constructor warns and goes on
+        warnings = [f"llama_context: n_ctx_seq ({rp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- "
+                    "possible training context overflow", *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
     return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
 
