@@ -19,7 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
+from toolkit.models import moe as moe_ffn
+from toolkit.models.moe import MoEParams
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -68,6 +71,7 @@ class LlamaHParams:
     dtype: GGMLType = F32               # type of the 2-D weight matrices
     tensor_types: Mapping[str, GGMLType] = field(default_factory=dict)  # suffix → type overrides
     name: str = "llama"
+    moe: MoEParams | None = None        # Mixtral-style experts (build_moe_ffn) instead of the dense FFN
 
     def __post_init__(self) -> None:
         for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
@@ -135,13 +139,28 @@ class LlamaHParams:
             "attn_v": (E, self.n_embd_v_gqa), "attn_output": (H * self.n_head, E), "ffn_norm": (E,),
             "ffn_gate": (E, self.n_ff), "ffn_up": (E, self.n_ff), "ffn_down": (self.n_ff, E),
         }
+        moe = self.moe
         for il in range(self.n_layer):
             for t in _LAYER_TENSORS:
+                if moe is not None and t in ("ffn_gate", "ffn_up", "ffn_down"):
+                    continue
                 ne = shapes[t]
                 out.append(self._w(f"blk.{il}.{t}.weight", ne, il, "MUL" if len(ne) == 1 else "MUL_MAT"))
+            if moe is not None:
+                out += self._moe_weights(moe, il)
         out.append(self._w("output_norm.weight", (E,), self.n_layer, "MUL"))
         if not self.tied:
             out.append(self._w("output.weight", (E, self.n_vocab), self.n_layer))
+        return out
+
+    def _moe_weights(self, moe: MoEParams, il: int) -> list[WeightInfo]:
+        out = []
+        for suffix, ne, op, router in moe_ffn.layer_tensors(moe, self.n_embd, self.n_ff):
+            name = f"blk.{il}.{suffix}.weight"
+            w = self._w(name, ne, il, op)
+            if router and not any(name.endswith(s) for s in self.tensor_types):
+                w = WeightInfo(name, ne, F32, il, op)  # the router stays F32 (llama-quantize skips it)
+            out.append(w)
         return out
 
     @property
@@ -162,6 +181,9 @@ class LlamaHParams:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LlamaHParams:
         """From the oracle's ``model`` dict (cases.json schema)."""
+        arch = str(d.get("arch", "llama"))
+        if arch != "llama":
+            raise UnsupportedFeature(f"architecture {arch}", f"architecture {arch!r} is not implemented (llama is)")
         try:
             n_embd, n_head = int(d["n_embd"]), int(d["n_head"])
             head = d.get("n_embd_head")
@@ -175,6 +197,7 @@ class LlamaHParams:
                 rope_freq_base=float(d.get("rope_freq_base", 10000.0)), eps=float(d.get("eps", 1e-5)),
                 tied=bool(d.get("tied", False)), dtype=GGMLType.parse(d.get("dtype", "f32")),
                 tensor_types=dict(d.get("tensor_types") or {}), name=str(d.get("name", "llama")),
+                moe=moe_ffn.from_dict(d),
             )
         except KeyError as e:
             raise ValueError(f"model description lacks {e.args[0]!r}") from None
@@ -188,4 +211,5 @@ class LlamaHParams:
             "n_ctx_train": self.n_ctx_train, "n_embd_head": self.n_embd_head, "n_rot": self.n_rot,
             "rope_freq_base": self.rope_freq_base, "eps": self.eps, "tied": self.tied,
             "dtype": self.dtype.lower, "tensor_types": {k: v.lower for k, v in self.tensor_types.items()},
+            **(self.moe.to_dict() if self.moe is not None else {}),
         }

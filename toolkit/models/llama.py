@@ -23,6 +23,7 @@ from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F16, F32, I32, GGMLType
 from toolkit.models.loader import KVCache, LoadedModel
+from toolkit.models.moe import build_moe_ffn
 
 I64 = GGMLType.I64
 ROPE_TYPE_NORM = 0
@@ -120,12 +121,17 @@ class LlamaGraphBuilder:
             ffn_inp = cb(res, ops.add(cur, inpSA), "ffn_inp", il)
             cur = self._norm(res, ffn_inp, m.w(p + "ffn_norm.weight"), il)
             cb(res, cur, "ffn_norm", il)
-            # build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down
-            tmp = cb(res, ops.mul_mat(m.w(p + "ffn_up.weight"), cur), "ffn_up", il)
-            cur = cb(res, ops.mul_mat(m.w(p + "ffn_gate.weight"), cur), "ffn_gate", il)
-            cur = cb(res, ops.swiglu_split(cur, tmp), "ffn_swiglu", il)
-            cur = cb(res, ops.mul_mat(m.w(p + "ffn_down.weight"), cur), "ffn_down", il)
-            cb(res, cur, "ffn_out", il)
+            if hp.moe is not None:
+                cur = build_moe_ffn(gf, lambda t, name, i: cb(res, t, name, i), cur, m.w(p + "ffn_gate_inp.weight"),
+                                    m.w(p + "ffn_up_exps.weight"), m.w(p + "ffn_gate_exps.weight"),
+                                    m.w(p + "ffn_down_exps.weight"), hp.moe, il)
+            else:
+                # build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down
+                tmp = cb(res, ops.mul_mat(m.w(p + "ffn_up.weight"), cur), "ffn_up", il)
+                cur = cb(res, ops.mul_mat(m.w(p + "ffn_gate.weight"), cur), "ffn_gate", il)
+                cur = cb(res, ops.swiglu_split(cur, tmp), "ffn_swiglu", il)
+                cur = cb(res, ops.mul_mat(m.w(p + "ffn_down.weight"), cur), "ffn_down", il)
+                cb(res, cur, "ffn_out", il)
             cur = cb(res, ops.add(cur, ffn_inp), "l_out", il)
             inpL = cur
 
