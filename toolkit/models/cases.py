@@ -44,7 +44,9 @@ def summary(ctx: Any) -> dict[str, Any]:
         "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
-        "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
+        "layer_devices": [list(x) for x in ctx.layer_devices],
+        "warnings": [*ctx.setup.load_warnings, *ev.warnings],
+        "tensor_overrides": [o.to_dict() for o in ctx.setup.model.tensor_overrides],
     }
 
 

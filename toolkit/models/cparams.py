@@ -55,6 +55,9 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
+    override_tensor: tuple[str, ...] = ()  # -ot items, "REGEX=BUFT" (toolkit.models.overrides)
+    cpu_moe: bool = False                  # --cpu-moe
+    n_cpu_moe: int = 0                     # --n-cpu-moe N
 
     def __post_init__(self) -> None:
         for f in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
@@ -77,6 +80,9 @@ class ContextParams:
                 raise ValueError(f"tensor_split={ts} has a negative share")
             object.__setattr__(self, "tensor_split", ts)
         object.__setattr__(self, "devices", tuple(self.devices))
+        if isinstance(self.override_tensor, str):
+            object.__setattr__(self, "override_tensor", (self.override_tensor,))
+        object.__setattr__(self, "override_tensor", tuple(str(x) for x in self.override_tensor))
         if self.n_outputs_max is not None and self.n_outputs_max < 1:
             raise ValueError(f"n_outputs_max={self.n_outputs_max} must be >= 1")
 
@@ -137,12 +143,15 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
+            cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["tensor_split"] = list(self.tensor_split) if self.tensor_split else None
         out["devices"] = list(self.devices)
+        out["override_tensor"] = list(self.override_tensor)
         return out
 
 

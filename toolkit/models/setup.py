@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
+from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, make_devices
 from toolkit.models.hparams import LlamaHParams
@@ -58,6 +59,7 @@ class LlamaSetup:
     flash_attn: bool                   # what the graphs use (auto starts on, the probe may turn it off)
     pipeline_parallel: bool
     pp_check: dict[str, object] = field(default_factory=dict)
+    load_warnings: list[str] = field(default_factory=list)   # llama_model_loader's warnings
 
     @property
     def backends(self) -> list[Backend]:
@@ -75,13 +77,15 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
     KV offloaded, and every non-CPU backend with async compute and events (the last check is
     the one ``force_pipeline_parallel`` skips, like the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
+    # llama_model::has_tensor_overrides: any -ot / --cpu-moe / --n-cpu-moe item, matched or not
+    overridden = bool(cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe > 0)
     check: dict[str, object] = {
         "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
-        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": False,
+        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": overridden,
         "caps_async_events": caps, "force": cp.force_pipeline_parallel,
     }
     ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer and cp.split_mode == "layer" and cp.offload_kqv
-          and (caps or cp.force_pipeline_parallel))
+          and not overridden and (caps or cp.force_pipeline_parallel))
     check["pipeline_parallel"] = ok
     return ok, check
 
@@ -101,7 +105,8 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     model = load_model(hp, cp, devs)
     kv = make_kv_cache(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa)
     pp, check = pipeline_parallel(hp, cp, devs)
-    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check)
+    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check,
+                      overrides.warnings(model.override_rules, cp.use_mmap))
 
 
 def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
