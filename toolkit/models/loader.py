@@ -21,9 +21,9 @@ import numpy as np
 from toolkit.backend import Backend, Buffer, BufferType
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
+from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
-from toolkit.models import overrides
 from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, LlamaHParams, WeightInfo
 
 CPU_DEVICE = "CPU"
