@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.models import moe
 from toolkit.models.hparams import LlamaHParams
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)
@@ -62,7 +64,7 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
     reader = GGUFReader(str(path))
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not 'llama'")
+        raise UnsupportedFeature(f"architecture {arch}", f"{path}: architecture {arch!r} is not implemented (llama is)")
 
     def req(key: str) -> Any:
         v = _field(reader, f"llama.{key}")
@@ -99,6 +101,7 @@ def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
         eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
         tied="output.weight" not in tensors, dtype=dtype, tensor_types=overrides,
         name=str(_field(reader, "general.name", Path(path).stem)),
+        moe=moe.from_gguf(lambda key: _field(reader, key), "llama", list(tensors)),
     )
     meta = {k: None for k in reader.fields}
     return GGUFModel(str(path), hp, tensors if with_tensors else {}, meta)
@@ -158,6 +161,11 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
     w.add_layer_norm_rms_eps(hp.eps)
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_vocab_size(hp.n_vocab)
+    if hp.moe is not None:
+        w.add_expert_count(hp.moe.n_expert)
+        w.add_expert_used_count(hp.moe.n_expert_used)
+        if hp.moe.n_ff_exp:
+            w.add_expert_feed_forward_length(hp.moe.n_ff_exp)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
     w.add_token_scores([0.0] * hp.n_vocab)

@@ -9,7 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.models import moe
 from toolkit.models.hparams import LlamaHParams
 
 
@@ -30,7 +32,7 @@ def hparams_from_gguf(path: str | Path) -> LlamaHParams:
     reader = gguf.GGUFReader(str(path))
     arch = _field(reader, "general.architecture", "llama")
     if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not llama")
+        raise UnsupportedFeature(f"architecture {arch}", f"{path}: architecture {arch!r} is not implemented (llama is)")
 
     def k(name: str, default: Any = None) -> Any:
         return _field(reader, f"llama.{name}", default)
@@ -55,4 +57,5 @@ def hparams_from_gguf(path: str | Path) -> LlamaHParams:
         eps=float(f'{k("attention.layer_norm_rms_epsilon", 1e-5):.6g}'),
         tied="output.weight" not in types, dtype=dtype, tensor_types=overrides,
         name=str(_field(reader, "general.name", Path(path).stem)),
+        moe=moe.from_gguf(lambda key: _field(reader, key), "llama", list(types)),
     )
