@@ -28,12 +28,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import Tensor
+
+if TYPE_CHECKING:
+    from toolkit.sched.plan import Plan
 
 # build_moe_ffn clamps the sum of the selected weights from below before dividing by it
 WEIGHTS_SUM_MIN = 6.103515625e-5
@@ -182,3 +185,42 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
     if k == 1:
         out = ops.cont(out)  # avoid returning a non-contiguous tensor
     return cb(out, "ffn_moe_out", il)
+
+
+@dataclass(frozen=True)
+class ExpertCopy:
+    """An expert tensor that a split copies whole into its backend's compute buffer (a split input).
+
+    ``nbytes`` is the tensor's size, ``alloc_bytes`` what the copy takes in the compute buffer
+    (``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows), 0 when the plan holds no allocation.
+    """
+
+    split: int
+    backend: str
+    tensor: str
+    nbytes: int
+    alloc_bytes: int
+
+
+def expert_copies(plan: Plan) -> list[ExpertCopy]:
+    """Per split, the weights copied in as inputs for a MUL_MAT_ID (expert tensors moved by op offload
+    or left on another device) — the bytes a CPU-experts setup adds to an accelerator's compute buffer."""
+    sizes = {a.name: a.size for a in plan.allocs}
+    out: list[ExpertCopy] = []
+    for sp in plan.splits:
+        users = {n.srcs[0] for n in plan.nodes if n.split == sp.index and n.op == "MUL_MAT_ID" and n.srcs}
+        for inp in sp.inputs:
+            if not inp.is_weight:
+                continue
+            copy = next((u for u in users if u.startswith(f"{sp.backend}#{inp.name}#")), None)
+            if copy is not None:
+                out.append(ExpertCopy(sp.index, sp.backend, inp.name, inp.nbytes, sizes.get(copy, 0)))
+    return out
+
+
+def expert_copies_text(copies: list[ExpertCopy]) -> str:
+    """One line per copied expert tensor, with the split and both sizes."""
+    if not copies:
+        return "no expert tensor is copied"
+    return "\n".join(f"split #{c.split:<3d} {c.backend:<24s} {c.tensor:<28s} {c.nbytes:>12d} bytes "
+                     f"(buffer {c.alloc_bytes})" for c in copies)
