@@ -1,7 +1,7 @@
 """Op constructors with ggml's shape rules and naming (``ggml.c``).
 
 Every constructor returns a new :class:`Tensor`; none computes anything. Views
-always point at the base tensor with accumulated offsets (§3.0).
+always point at the base tensor with accumulated offsets (``ggml_new_tensor_impl`` flattens ``view_src``).
 """
 
 from __future__ import annotations

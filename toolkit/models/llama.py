@@ -237,7 +237,8 @@ class LlamaGraphBuilder:
             kqv = cb(res, ops.mul_mat(v, kq), "kqv", il)
             cur = ops.permute(kqv, 0, 2, 1, 3)
             cur = ops.cont_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
-            # the callback sees the merged heads first: with -nkvo it pins this node to the CPU (§7.4)
+            # the callback (llama_context::graph_get_cb) sees the merged heads first: with -nkvo it pins this
+            # node to the CPU
             cb(res, cur, "kqv_merged_cont", il)
         res.graph.build_forward_expand(cur)
         return cur

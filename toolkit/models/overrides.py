@@ -69,6 +69,23 @@ def _compile(param: str, pattern: str, raw: str) -> re.Pattern[str]:
         raise ParameterError(param, raw, "REGEX=BUFT with a valid regular expression", str(e)) from None
 
 
+def _items(override_tensor: Sequence[str]) -> list[tuple[str, str, str]]:
+    out = []
+    for raw in override_tensor:
+        for item in str(raw).split(","):
+            pattern, eq, buft = item.partition("=")
+            if not eq or not pattern or not buft:
+                raise ParameterError("override_tensor", item, "REGEX=BUFT items separated by ','")
+            out.append((item, pattern, buft))
+    return out
+
+
+def check_items(override_tensor: Sequence[str]) -> None:
+    """The syntax and the regexes of ``-ot`` items (what can be checked before the devices exist)."""
+    for item, pattern, _ in _items(override_tensor):
+        _compile("override_tensor", pattern, item)
+
+
 def parse(override_tensor: Sequence[str], cpu_moe: bool, n_cpu_moe: int, known_bufts: Sequence[str]
           ) -> list[OverrideRule]:
     """The override list in llama.cpp's order: ``-ot`` items, then ``--cpu-moe``, then ``--n-cpu-moe``.
@@ -76,15 +93,11 @@ def parse(override_tensor: Sequence[str], cpu_moe: bool, n_cpu_moe: int, known_b
     ``known_bufts`` are the default buft names of the devices (and ``CPU``); anything else is refused.
     """
     rules: list[OverrideRule] = []
-    for raw in override_tensor:
-        for item in str(raw).split(","):
-            pattern, eq, buft = item.partition("=")
-            if not eq:
-                raise ParameterError("override_tensor", item, "REGEX=BUFT items separated by ','")
-            if buft not in known_bufts:
-                raise ParameterError("override_tensor", item, f"a buffer type among {', '.join(known_bufts)}",
-                                     f"unknown buffer type {buft!r}")
-            rules.append(OverrideRule(pattern, buft, _compile("override_tensor", pattern, item)))
+    for item, pattern, buft in _items(override_tensor):
+        if buft not in known_bufts:
+            raise ParameterError("override_tensor", item, f"a buffer type among {', '.join(known_bufts)}",
+                                 f"unknown buffer type {buft!r}")
+        rules.append(OverrideRule(pattern, buft, _compile("override_tensor", pattern, item)))
     if not isinstance(cpu_moe, bool):
         raise ParameterError("cpu_moe", cpu_moe, "True or False")
     if cpu_moe:

@@ -1,4 +1,4 @@
-"""What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (spec §7.1–§7.4).
+"""What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (the ``llama_context`` constructor).
 
 :func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
 devices and backends, the placed weights, the KV cache, the output buffer, the
@@ -27,7 +27,7 @@ NORM_PIN_MAX_TOKENS = 32
 
 
 def graph_max_nodes(n_tensors: int, n_tokens: int) -> int:
-    """``llama_context::graph_max_nodes`` for llama (§7.2): ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
+    """``llama_context::graph_max_nodes`` for llama: ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
     del n_tokens  # only the per-ubatch architectures (Qwen3-Next & co.) use it
     return max(1024, 8 * n_tensors)
 
@@ -73,9 +73,10 @@ class LlamaSetup:
 
 
 def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
-    """§7.3: more than one model device, every layer and the output offloaded, split mode layer,
-    KV offloaded, and every non-CPU backend with async compute and events (the last check is
-    the one ``force_pipeline_parallel`` skips, like the oracle's ORACLE_FORCE_PP)."""
+    """The ``llama_context`` constructor's pipeline-parallelism condition: more than one model device,
+    every layer and the output offloaded, split mode layer, KV offloaded, and every non-CPU backend
+    with async compute and events (the last check is the one ``force_pipeline_parallel`` skips, like
+    the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
     # llama_model::has_tensor_overrides: any -ot / --cpu-moe / --n-cpu-moe item, matched or not
     overridden = bool(cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe > 0)
@@ -110,10 +111,11 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
 
 
 def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
-    """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls (§7.4); returns how many.
+    """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls
+    (``llama_context::graph_get_cb``); returns how many.
 
     - ``norm-<il>`` goes to layer il's device when the ubatch is small or every layer is offloaded,
-      so it is not expanded from the previous layer's device (T9 vs T10);
+      so it is not expanded from the previous layer's device (which would cost an extra cross-device split input);
     - with ``-nkvo``, the merged attention heads (``kqv_merged_cont``, the CONT of the non-FA path,
       later renamed ``kqv_out``) go to the CPU, so the whole KQ → softmax → KQV chain runs there
       (the flash-attention path names no such tensor, so its FLASH_ATTN_EXT follows the layer).

@@ -108,7 +108,8 @@ def _buft_order(ev: ReserveEvent) -> list[str]:
 def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
     """Left: the newest reserve's buffers per buffer type (compute allocated vs needed, KV, weights,
     output, scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
-    buffer type across events -- under reuse the allocated line stays at its maximum (§8)."""
+    buffer type across events -- under reuse the allocated line stays at its maximum (a kept
+    scheduler's buffers only grow, llama.cpp #32009)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
                         subplot_titles=("newest reserve", "compute buffers across reserves"))
     fig.update_layout(**base_layout("buffer sizes", height=340, barmode="group"))
