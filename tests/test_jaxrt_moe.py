@@ -36,8 +36,10 @@ def moe_hp(dtype: str = "f32", n_vocab: int = 256, k: int = 2) -> LlamaHParams:
                         moe=MoEParams(n_expert=4, n_expert_used=k), name=f"moe_{dtype}")
 
 
-def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False) -> np.ndarray:
-    """Plain JAX Mixtral forward (no ggml, no cache, top-k by jax.lax.top_k): logits [T, n_vocab]."""
+def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False,
+                  choices: list[np.ndarray] | None = None) -> np.ndarray:
+    """Plain JAX Mixtral forward (no ggml, no cache, top-k by jax.lax.top_k): logits [T, n_vocab].
+    ``choices`` receives each layer's chosen experts [T, k]."""
     assert hp.moe is not None
     W = {k: jnp.asarray(v) for k, v in w.items()}
     T, H, hd, nkv = len(tokens), hp.n_head, hp.n_embd_head, hp.n_head_kv
@@ -60,6 +62,8 @@ def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int],
         probs = jax.nn.softmax(mm(h, W[p + "ffn_gate_inp.weight"]), -1)
         top_w, top_i = jax.lax.top_k(probs, hp.moe.n_expert_used)  # type: ignore[union-attr]
         top_w = top_w / jnp.maximum(top_w.sum(-1, keepdims=True), 6.103515625e-5)
+        if choices is not None:
+            choices.append(np.asarray(top_i))
         out = jnp.zeros_like(h)
         for e in range(hp.moe.n_expert):  # type: ignore[union-attr]
             y = mm(jax.nn.silu(mm(h, W[p + "ffn_gate_exps.weight"][e])) * mm(h, W[p + "ffn_up_exps.weight"][e]),
@@ -155,6 +159,40 @@ def test_two_simulated_devices_experts_on_cpu(files, mode: dict[str, object]) ->
     moved = {o.tensor for o in ctx.setup.model.tensor_overrides}
     assert eng.log[0].weight_copies == len(moved)   # each host expert tensor copied once, to SIM0
     assert eng.log[1].weight_copies == 0
+
+
+def test_sched_copy_experts_moves_only_the_chosen_experts(tmp_path: Path) -> None:
+    """16 experts, 32 tokens offloaded to SIM0 with the experts on the CPU: each expert tensor's split input
+    holds the whole tensor, the copy moves the runs of experts the router chose (measured in decode)."""
+    hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=64, n_vocab=256,
+                      moe=MoEParams(n_expert=16, n_expert_used=1), name="moe16")
+    path = str(tmp_path / "moe16.gguf")
+    w = write_gguf(path, hp, seed=9)
+    ctx, eng = make_engine(path, devices=("sim",), cpu_moe=True)
+    prompt = list(range(5, 37))
+    choices: list[np.ndarray] = []
+    got = eng.decode(prompt)
+    assert _rel(got, moe_reference(w, hp, prompt, choices=choices)) < 1e-4
+    transfers = eng.log[0].expert_transfers
+    assert [t.tensor for t in transfers] == [f"blk.{il}.ffn_{n}_exps.weight" for il in range(2)
+                                            for n in ("gate", "up", "down")]
+    for t in transfers:
+        il = int(t.tensor.split(".")[1])
+        used = sorted(set(choices[il].reshape(-1).tolist()))
+        assert list(t.experts) == used
+        size = 64 * 64 * 4                       # one expert of a [64, 64, 16] F32 tensor
+        assert t.buffer_bytes == 16 * size
+        # by hand: each run of consecutive ids, plus 512 bytes unless the run ends at expert 15
+        want, i = 0, 0
+        while i < len(used):
+            j = i
+            while j + 1 < len(used) and used[j + 1] == used[j] + 1:
+                j += 1
+            want += (j - i + 1) * size + (512 if used[j] < 15 else 0)
+            i = j + 1
+        assert t.transfer_bytes == want
+    assert any(t.transfer_bytes < t.buffer_bytes for t in transfers)
+    assert eng.decode([4]).shape == (1, 256) and eng.log[-1].expert_transfers == []
 
 
 def test_q8_0_experts(files) -> None:  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ That is 16 + 2k graph nodes where the dense FFN has 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -224,3 +224,53 @@ def expert_copies_text(copies: list[ExpertCopy]) -> str:
         return "no expert tensor is copied"
     return "\n".join(f"split #{c.split:<3d} {c.backend:<24s} {c.tensor:<28s} {c.nbytes:>12d} bytes "
                      f"(buffer {c.alloc_bytes})" for c in copies)
+
+
+# ---- sched_copy_experts: what a copy of host experts really transfers --------------------------------
+
+def used_expert_ranges(ids: Iterable[int], n_expert: int) -> list[tuple[int, int]]:
+    """The experts a MUL_MAT_ID's ids select, as ``[first, last]`` runs of consecutive ids (llama's
+    ``sched_copy_experts`` groups consecutive experts and copies each run at once).
+
+    >>> used_expert_ranges([5, 1, 2, 1, 7], 8)
+    [(1, 2), (5, 5), (7, 7)]
+    """
+    used = sorted({int(i) for i in ids})
+    if used and (used[0] < 0 or used[-1] >= n_expert):
+        raise ValueError(f"expert id out of range 0..{n_expert - 1}: {used}")
+    runs: list[tuple[int, int]] = []
+    for i in used:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def expert_copy_bytes(runs: Sequence[tuple[int, int]], expert_size: int, n_expert: int) -> int:
+    """Bytes ``sched_copy_experts`` moves for these runs: each run's experts, plus
+    ``min(expert_size, 512)`` bytes past a run that does not end at the last expert (so CUDA's MMQ
+    reads no NaNs from the padding of the last expert copied).
+
+    >>> expert_copy_bytes([(1, 2), (7, 7)], 1000, 8)
+    3512
+    """
+    pad = min(expert_size, 512)
+    return sum((last - first + 1) * expert_size + (pad if last < n_expert - 1 else 0) for first, last in runs)
+
+
+@dataclass(frozen=True)
+class ExpertTransfer:
+    """One host expert tensor copied for a split: the buffer holds all of it, the copy moves only the
+    experts the router chose."""
+
+    split: int
+    tensor: str
+    buffer_bytes: int        # the split input's size: the whole expert tensor
+    transfer_bytes: int      # what sched_copy_experts moved
+    experts: tuple[int, ...]
+    runs: tuple[tuple[int, int], ...]
+
+    def to_text(self) -> str:
+        return (f"split #{self.split:<3d} {self.tensor:<28s} buffer {self.buffer_bytes:>10d} B  "
+                f"transfer {self.transfer_bytes:>10d} B  experts {list(self.experts)}")
