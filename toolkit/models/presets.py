@@ -52,3 +52,17 @@ def get(name: str) -> LlamaHParams:
         return PRESETS[name]()
     except KeyError:
         raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Mixtral-8x7B-shaped (``llama`` with experts): 32 layers, n_embd 4096, 32 heads (8 KV), 8 experts of
+    n_ff 14336, 2 used per token, vocab 32000, rope base 1e6 (the router stays F32)."""
+    from toolkit.models.moe import MoEParams  # noqa: PLC0415 - the MoE block is optional to dense users
+
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000,
+                        n_ctx_train=32768, rope_freq_base=1000000.0, dtype=t, name=f"mixtral-8x7b_{t.lower}",
+                        moe=MoEParams(n_expert=8, n_expert_used=2))
+
+
+PRESETS["mixtral_8x7b"] = mixtral_8x7b
