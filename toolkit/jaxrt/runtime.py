@@ -87,11 +87,13 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
     return out
 
 
-def attach_gguf(tensors: dict[str, Tensor], path: str, *, tied: bool = False) -> None:
-    """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked)."""
-    from toolkit.jaxrt.gguf_io import read_gguf
+def attach_gguf(tensors: dict[str, Tensor], source: Any, *, tied: bool = False) -> None:
+    """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked);
+    ``source`` is a path or a :class:`~toolkit.jaxrt.gguf_io.GGUFModel` already read."""
+    from toolkit.jaxrt.gguf_io import GGUFModel, read_gguf
 
-    g = read_gguf(path)
+    g = source if isinstance(source, GGUFModel) else read_gguf(source)
+    path = g.path
     for name, t in tensors.items():
         key = "token_embd.weight" if (name == "output.weight" and name not in g.tensors) else name
         gt = g.tensors.get(key)
@@ -254,8 +256,9 @@ def _gguf_path(ctx: Any) -> str | None:
     return None
 
 
-def load_weights(ctx: Any, path: str | None = None) -> None:
-    """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from)."""
+def load_weights(ctx: Any, path: Any = None) -> None:
+    """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from);
+    ``path`` may also be a GGUFModel from ``read_gguf``, so that the file is parsed once."""
     path = path or _gguf_path(ctx)
     if path is None:
         raise ValueError("no GGUF path: pass one, or make the Context from a .gguf file")
