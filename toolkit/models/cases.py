@@ -62,8 +62,11 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     """llama.cpp's log lines for a planned case (sched_reserve's, with exact bytes, and the buffers)."""
     if "error" in result:
         return [f"llama_init_from_model: {result['error']}"]
-    out = [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-           for name, b in result["model_buffers_bytes"].items()]
+    # llama_model_loader: the tensors -ot / --cpu-moe / --n-cpu-moe moved (ggml_nbytes / 1 MiB, then exact bytes)
+    out = [f"tensor {o['tensor']} ({o['bytes'] // 2**20} MiB {o['type']}) buffer type overridden to {o['buft']} "
+           f"({o['bytes']} bytes)" for o in result.get("tensor_overrides", ())]
+    out += [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
     out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
