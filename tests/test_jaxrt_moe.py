@@ -224,13 +224,16 @@ def oracle_weights(hp: LlamaHParams, seed: int = 1234) -> dict[str, np.ndarray]:
     return out
 
 
-def test_logits_match_llama_cpp(tmp_path: Path) -> None:
+def _oracle_rows(tmp_path: Path, dtype: str) -> tuple[dict, list[np.ndarray]]:  # type: ignore[type-arg]
+    """llama.cpp's logits entry for tiny_moe_f32, and ours for the same model written with ``dtype``
+    matrices (the oracle generator's values; Q8_0 through gguf.quants, as the generator does)."""
     entry = next(e for e in json.loads((DATA / "logits-moe.json").read_text()) if e["model"] == "tiny_moe_f32")
     r = entry["gguf_recipe"]["recipe"]
     hp = LlamaHParams(n_layer=r["n_layer"], n_embd=r["n_embd"], n_head=r["n_head"], n_head_kv=r["n_head_kv"],
                       n_ff=r["n_ff"], n_vocab=entry["n_vocab"], eps=r["eps"], rope_freq_base=r["rope_freq_base"],
-                      moe=MoEParams(n_expert=r["n_expert"], n_expert_used=r["n_expert_used"]), name="tiny_moe_f32")
-    path = str(tmp_path / "tiny_moe_f32.gguf")
+                      dtype=dtype, moe=MoEParams(n_expert=r["n_expert"], n_expert_used=r["n_expert_used"]),
+                      name=f"tiny_moe_{dtype}")
+    path = str(tmp_path / f"tiny_moe_{dtype}.gguf")
     write_gguf(path, hp, oracle_weights(hp, r["seed"]))
     c = entry["context"]
     ctx = Context(read_gguf(path, with_tensors=False).hparams,
@@ -239,6 +242,11 @@ def test_logits_match_llama_cpp(tmp_path: Path) -> None:
     load_weights(ctx, path)
     eng = engine(ctx)
     rows = [eng.decode(entry["prompt"])[-1]] + [eng.decode([s])[-1] for s in entry["steps"]]
+    return entry, rows
+
+
+def test_logits_match_llama_cpp(tmp_path: Path) -> None:
+    entry, rows = _oracle_rows(tmp_path, "f32")
     for i, (got, want) in enumerate(zip(rows, entry["logits_first_2048"])):
         want = np.asarray(want, np.float32)
         err = np.abs(got[: len(want)] - want).max() / want.std()
@@ -252,6 +260,15 @@ def test_logits_match_llama_cpp(tmp_path: Path) -> None:
         np.testing.assert_allclose(got[top_t], top_v, atol=tol, rtol=0)
         np.testing.assert_allclose(np.sort(got)[::-1][:10], top_v, atol=tol, rtol=0)
         assert len(set(np.argsort(-got)[:9].tolist()) & set(top_t)) >= 9
+
+
+def test_q8_0_logits_near_llama_cpps_f32(tmp_path: Path) -> None:
+    """The same values stored as Q8_0 (llama.cpp's argmax agrees between its F32 and Q8_0 runs)."""
+    entry, rows = _oracle_rows(tmp_path, "q8_0")
+    for i, (got, want) in enumerate(zip(rows, entry["logits_first_2048"])):
+        want = np.asarray(want, np.float32)
+        assert np.abs(got[: len(want)] - want).max() / want.std() <= 0.15, i
+        assert int(np.argmax(got)) == entry["argmax"][i]
 
 
 def test_q8_0_file_sizes_and_router_type(tmp_path: Path) -> None:
