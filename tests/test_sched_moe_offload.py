@@ -141,3 +141,28 @@ def test_offload_threshold_follows_min_batch(min_batch: int) -> None:
     g, y, _ = _build(weight(g0, "router", E, X), exps, 32)
     assert s.reserve(g)
     assert _placed(s, "moe_up")[0] == ("CUDA0" if 32 >= min_batch else "CPU")
+
+
+@pytest.mark.parametrize("n_cpu_moe", [1, 2])
+def test_llama_moe_context_on_a_cuda_like_gpu(n_cpu_moe: int) -> None:
+    """The whole model on CUDA0 but the experts of the first n layers: in a pp graph (512 tokens) each of
+    those 3n expert MUL_MAT_IDs is offloaded back to CUDA0 and starts a split of its own (its expert tensor
+    is the split's input); in the tg graph (1 token) each such layer's MUL_MAT_IDs stay on the CPU, which
+    adds two splits per layer (CUDA0 -> CPU -> CUDA0). The base is 2 splits (token_embd's GET_ROWS on the
+    CPU, then CUDA0)."""
+    from toolkit.context import Context
+    from toolkit.models import ContextParams, LlamaHParams
+    from toolkit.models.moe import MoEParams
+
+    hp = LlamaHParams(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                      moe=MoEParams(n_expert=4, n_expert_used=2), name="m")
+    ctx = Context(hp, ContextParams(n_ctx=1024, n_ubatch=512, flash_attn="on", devices=("cuda",),
+                                    n_cpu_moe=n_cpu_moe))
+    ev = ctx.events[-1]
+    assert (ev.n_splits_pp, ev.n_splits_tg) == (2 + 3 * n_cpu_moe, 2 + 2 * n_cpu_moe)
+    copies = expert_copies(ctx.scheduler.plan())  # the last reserve is the pp graph
+    assert [c.tensor for c in copies] == [f"blk.{il}.ffn_{n}_exps.weight" for il in range(n_cpu_moe)
+                                          for n in ("gate", "up", "down")]
+    assert {c.backend for c in copies} == {"CUDA0"} and {c.nbytes for c in copies} == {64 * 128 * 4 * 4}
+    ctx.graph_reserve(1, 1, 1, split_only=True)
+    assert expert_copies(ctx.scheduler.plan()) == []
