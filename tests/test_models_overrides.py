@@ -119,3 +119,17 @@ def test_moe_variants_not_built_are_refused_by_name(tmp_path: object) -> None:
     with pytest.raises(UnsupportedFeature) as e2:
         MoEParams(n_expert=4, n_expert_used=2, gating="sigmoid")
     assert e2.value.feature == "expert gating sigmoid"
+
+
+def test_update_n_cpu_moe_on_a_live_context_gives_llama_cpps_numbers() -> None:
+    """tiny_moe_f32 on one RPC server (-ngl 99 -c 1024 -ub 512 -fa on), then --n-cpu-moe 1 and 2 on the same
+    context: llama.cpp printed RPC0 65667072 / CPU 1325056 and 2 splits without overrides, RPC0 65800192 /
+    CPU 2242560 with 4 and 6 splits (the buffers only grow, so a reused scheduler shows the same)."""
+    ctx = Context(moe(), ContextParams(n_ctx=1024, n_batch=2048, n_ubatch=512, flash_attn="on", devices=("rpc:1",)))
+    rpc = "RPC0[127.0.0.1:50052]"
+    got = [(ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ctx.events[-1].n_splits_pp)]
+    for n in (1, 2):
+        ev = ctx.update(n_cpu_moe=n)
+        got.append((ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ev.n_splits_pp))
+    assert got == [(65667072, 1325056, 2), (65800192, 2242560, 4), (65800192, 2242560, 6)]
+    assert len(ctx.setup.model.tensor_overrides) == 6 and ctx.n_copies == 1
