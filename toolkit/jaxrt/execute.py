@@ -113,8 +113,7 @@ def sched_copy_experts(spec: SplitSpec, k: int, src: Tensor, copy: Tensor, node:
     assert ids_t is not None
     # the ids may be a later input of this split that is not copied yet: read its source then
     ids_src = next((s for s, c in spec.copies if c is ids_t), ids_t)
-    ids_flat = values[base_of(ids_src)] if ids_src is not ids_t else values[base_of(ids_t)]
-    ids = np.asarray(layout.read(ids_flat, ids_src)).reshape(-1)
+    ids = np.asarray(layout.read(values[base_of(ids_src)], ids_src)).reshape(-1)  # waits for the router
     n_expert = src.ne[2]
     expert_size = src.nb[2]
     runs = used_expert_ranges(ids.tolist(), n_expert)
