@@ -279,3 +279,63 @@ def test_q8_0_file_sizes_and_router_type(tmp_path: Path) -> None:
     assert g.tensors["blk.0.ffn_gate_inp.weight"].type is F32
     assert g.tensors["blk.0.ffn_up_exps.weight"].type is Q8_0
     assert g.tensors["blk.0.ffn_up_exps.weight"].ne == (64, 128, 4)
+
+
+def write_oracle_qwen3moe(path: str, entry: dict) -> None:  # type: ignore[type-arg]
+    """The oracle generator's qwen3moe file: qwen3 keys (key_length, NEOX RoPE base, eps), the expert keys,
+    normal(0, 0.02) float32 values from default_rng(seed) in write order, norms 1, the router F32."""
+    import gguf
+
+    r, arch = entry["gguf_recipe"]["recipe"], "qwen3moe"
+    E, H, HKV, hd, X, FE = r["n_embd"], r["n_head"], r["n_head_kv"], r["head_dim"], r["n_expert"], r["n_ff_exp"]
+    V = entry["n_vocab"]
+    w = gguf.GGUFWriter(path, arch)
+    for key, v in (("vocab_size", V), ("context_length", r["n_ctx_train"]), ("embedding_length", E),
+                   ("block_count", r["n_layer"]), ("feed_forward_length", r["n_ff"]), ("attention.head_count", H),
+                   ("attention.head_count_kv", HKV), ("attention.key_length", hd), ("attention.value_length", hd),
+                   ("rope.dimension_count", hd), ("expert_count", X), ("expert_used_count", r["n_expert_used"]),
+                   ("expert_feed_forward_length", FE)):
+        w.add_uint32(f"{arch}.{key}", v)
+    w.add_float32(f"{arch}.rope.freq_base", r["rope_freq_base"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", r["eps"])
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(V)])
+    names: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (V, E), False)]
+    for il in range(r["n_layer"]):
+        p = f"blk.{il}."
+        names += [(p + "attn_norm.weight", (E,), True), (p + "attn_q.weight", (H * hd, E), False),
+                  (p + "attn_k.weight", (HKV * hd, E), False), (p + "attn_v.weight", (HKV * hd, E), False),
+                  (p + "attn_output.weight", (E, H * hd), False), (p + "attn_q_norm.weight", (hd,), True),
+                  (p + "attn_k_norm.weight", (hd,), True), (p + "ffn_norm.weight", (E,), True),
+                  (p + "ffn_gate_inp.weight", (X, E), False), (p + "ffn_gate_exps.weight", (X, FE, E), False),
+                  (p + "ffn_down_exps.weight", (X, E, FE), False), (p + "ffn_up_exps.weight", (X, FE, E), False)]
+    names += [("output_norm.weight", (E,), True), ("output.weight", (V, E), False)]
+    rng = np.random.default_rng(r["seed"])
+    for name, shape, norm in names:
+        w.add_tensor(name, np.ones(shape, np.float32) if norm
+                     else (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_qwen3moe_logits_match_llama_cpp(tmp_path: Path) -> None:
+    """qwen3moe (QK-norm, NEOX RoPE, head size 64, 8 experts of 64, 4 used) read from its GGUF file."""
+    entry = next(e for e in json.loads((DATA / "logits-moe.json").read_text()) if e["model"] == "tiny_qwen3moe_f32")
+    path = str(tmp_path / "tiny_qwen3moe_f32.gguf")
+    write_oracle_qwen3moe(path, entry)
+    hp = read_gguf(path, with_tensors=False).hparams
+    assert (hp.arch, hp.moe) == ("qwen3moe", MoEParams(n_expert=8, n_expert_used=4, n_ff_exp=64))
+    c = entry["context"]
+    ctx = Context(hp, ContextParams(n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
+                                    flash_attn=entry["flash_attn"]))
+    load_weights(ctx, path)
+    eng = engine(ctx)
+    rows = [eng.decode(entry["prompt"])[-1]] + [eng.decode([s])[-1] for s in entry["steps"]]
+    for i, (got, want) in enumerate(zip(rows, entry["logits_first_2048"])):
+        want = np.asarray(want, np.float32)
+        assert np.abs(got[: len(want)] - want).max() / want.std() <= 2e-2, i
+        assert int(np.argmax(got)) == entry["argmax"][i]
+        top_v = np.asarray([v for _, v in entry["top10"][i]], np.float32)
+        np.testing.assert_allclose(np.sort(got)[::-1][:10], top_v, atol=2e-2 * want.std(), rtol=0)

@@ -63,7 +63,7 @@ def test_override_to_a_device_buft_and_pipeline_parallelism_off() -> None:
     (o,) = ctx.setup.model.tensor_overrides
     assert (o.tensor, o.buft, o.bytes) == ("blk.0.ffn_up_exps.weight", "CUDA1", 64 * 128 * 4 * 4)
     assert ctx.setup.pp_check["has_tensor_overrides"] and not ctx.pipeline_parallel
-    assert ctx.setup.load_warnings == []  # only an override to CPU warns about mmap
+    assert ctx.setup.warnings == []  # only an override to CPU warns about mmap
     assert Context(moe(), cp.replace(override_tensor=())).pipeline_parallel
 
 
@@ -71,7 +71,7 @@ def test_an_override_that_matches_nothing_still_counts() -> None:
     """llama_model::has_tensor_overrides is true as soon as an override is given (even on the CPU)."""
     ctx = Context(moe(), ContextParams(n_ctx=256, override_tensor=("nothing_matches=CPU",)))
     assert ctx.setup.model.tensor_overrides == [] and ctx.setup.pp_check["has_tensor_overrides"]
-    assert ctx.setup.load_warnings and "mmap" in ctx.setup.load_warnings[0]
+    assert ctx.setup.warnings and "mmap" in ctx.setup.warnings[0]
 
 
 @pytest.mark.parametrize(("use_mmap", "buffer", "logged"), [(True, "CPU_Mapped", "CUDA_Host"),
@@ -86,7 +86,7 @@ def test_cpu_override_with_a_gpu_goes_to_its_host_buft(use_mmap: bool, buffer: s
     assert buffer in ctx.model_buffers_bytes
     if not use_mmap:
         assert ctx.model_buffers_bytes["CUDA_Host"] == exps  # 32-byte aligned already
-        assert ctx.setup.load_warnings == []
+        assert ctx.setup.warnings == []
 
 
 def test_cpu_override_without_a_host_buft_uses_repack_for_q4_0() -> None:

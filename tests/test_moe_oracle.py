@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from oracle_cases import parse_dump, parse_splits
 
-from toolkit.errors import UnsupportedFeature
 from toolkit.models.cases import context_from_case, plan_case
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -41,8 +40,8 @@ def test_case_counts() -> None:
     assert modes == {None, "ot_exps_cpu", "cmoe", "ncmoe1", "ncmoe2"}
 
 
-@pytest.mark.parametrize("case_id", _ids("llama"))
-def test_llama_moe_case(case_id: str) -> None:
+@pytest.mark.parametrize("case_id", [*_ids("llama"), *_ids("qwen3moe")])
+def test_moe_case(case_id: str) -> None:
     c = _cases()[case_id]
     obs = c["observed"]
     got = plan_case(c)
@@ -55,17 +54,8 @@ def test_llama_moe_case(case_id: str) -> None:
     assert list(got["model_buffers_bytes"]) == [b["buffer"] for b in obs["model_buffers"]]
 
 
-@pytest.mark.parametrize("case_id", _ids("qwen3moe"))
-def test_qwen3moe_refused_by_name(case_id: str) -> None:
-    """qwen3moe needs qwen3's attention (QK-norm, explicit head size): refused, never planned as llama."""
-    with pytest.raises(UnsupportedFeature) as e:
-        context_from_case(_cases()[case_id])
-    assert e.value.feature == "architecture qwen3moe"
-
-
 def _dump_ids() -> list[str]:
-    return sorted(p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")
-                  if _cases()[p.name[: -len(".txt")]]["model"]["arch"] == "llama")
+    return sorted(p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt"))
 
 
 @pytest.mark.parametrize("case_id", _dump_ids())

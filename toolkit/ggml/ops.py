@@ -169,6 +169,11 @@ def swiglu_split(a: Tensor, b: Tensor) -> Tensor:
     return glu_split(a, b, GluOp.SWIGLU)
 
 
+def geglu_split(a: Tensor, b: Tensor) -> Tensor:
+    """``ggml_geglu_split(a, b)`` = gelu(a) * b, one GLU node (printed GEGLU)."""
+    return glu_split(a, b, GluOp.GEGLU)
+
+
 def swiglu(a: Tensor) -> Tensor:
     """Fused swiglu over the two halves of a's rows."""
     if a.ne[0] % 2:

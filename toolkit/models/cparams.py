@@ -63,6 +63,7 @@ class ContextParams:
     override_tensor: tuple[str, ...] = ()  # -ot items, "REGEX=BUFT" (toolkit.models.overrides)
     cpu_moe: bool = False                  # --cpu-moe
     n_cpu_moe: int = 0                     # --n-cpu-moe N
+    swa_full: bool = False                 # --swa-full: the SWA cache of an iSWA model gets n_ctx_seq cells
 
     def __post_init__(self) -> None:
         # llama_context_params holds these as uint32_t; llama_context's constructor refuses
@@ -157,6 +158,7 @@ class ContextParams:
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
             override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
             cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
+            swa_full=bool(d.get("swa_full", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:

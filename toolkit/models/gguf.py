@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import moe
 from toolkit.models.gguf_file import GGUFFile, open_gguf
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import SUPPORTED_ARCHS, LlamaHParams
 
 
 def weight_types(f: GGUFFile) -> tuple[GGMLType, dict[str, GGMLType]]:
@@ -80,7 +82,8 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
     rot = f.get_int(f.arch_key("rope.dimension_count"))
     head = f.get_int(f.arch_key("attention.key_length"))
     head_default = n_embd // n_head if n_head else 0
-    moe_p = moe.from_gguf(f.get_float, "llama", list(f.tensors))  # MoE variants not built are refused here
+    # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
+    moe_p = moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors))
     try:
         hp = LlamaHParams(
             n_layer=n_layer, n_embd=n_embd, n_head=n_head,
@@ -94,19 +97,39 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
             tied="output.weight" not in f.tensors, dtype=dtype, tensor_types=overrides,
             name=f.get_str("general.name") or Path(f.path).stem,
             moe=moe_p,
+            **arch_hparams(f),
         )
-    except GGUFError:
+    except (GGUFError, UnsupportedFeature):
         raise
     except ValueError as e:
-        raise GGUFError(f.path, f"inconsistent hyperparameters: {e}", None, "llama.*") from None
+        raise GGUFError(f.path, f"inconsistent hyperparameters: {e}", None, f.arch_key("*")) from None
     check_shapes(f, hp.weights())
     return hp
 
 
-# general.architecture -> the function reading its hyperparameters; the one list of what is supported
-ARCHITECTURES: dict[str, Callable[[GGUFFile], Any]] = {
-    "llama": llama_hparams,
-}
+def arch_hparams(f: GGUFFile) -> dict[str, Any]:
+    """The keys of qwen3/gemma3 and Llama-3.x files beyond llama's (``llm_load_hparams``):
+    ``rope_freqs.weight`` (llama3 rope scaling, read as values), and gemma3's sliding window
+    (``attention.sliding_window``; ``attention.sliding_window_pattern``, default 6;
+    ``rope.freq_base_swa``, default 10000)."""
+    out: dict[str, Any] = {"arch": f.architecture}
+    if "rope_freqs.weight" in f.tensors:
+        out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
+    if f.architecture == "gemma3":
+        n_swa = f.get_int(f.arch_key("attention.sliding_window"))
+        if n_swa:
+            key = f.arch_key("attention.sliding_window_pattern")
+            if f.get(key) is not None and not isinstance(f.get(key), int):
+                raise UnsupportedFeature(key, f"{f.path}: {key} is a per-layer array; only a period is supported")
+            out["n_swa"] = n_swa
+            out["swa_pattern"] = f.get_int(key, 6)
+            out["rope_freq_base_swa"] = f.get_float(f.arch_key("rope.freq_base_swa"), 10000.0)
+    return out
+
+
+# general.architecture -> the function reading its hyperparameters (llama's keys serve qwen3 and gemma3,
+# which add theirs through arch_hparams); the supported ones are those with a graph builder
+ARCHITECTURES: dict[str, Callable[[GGUFFile], Any]] = {arch: llama_hparams for arch in SUPPORTED_ARCHS}
 
 
 def hparams_from_gguf(source: str | Path | GGUFFile) -> Any:
@@ -126,4 +149,5 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> Any:
     return read(f)
 
 
-__all__ = ["ARCHITECTURES", "check_shapes", "hparams_from_gguf", "llama_hparams", "n_vocab", "weight_types"]
+__all__ = ["ARCHITECTURES", "arch_hparams", "check_shapes", "hparams_from_gguf", "llama_hparams", "n_vocab",
+           "weight_types"]

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
 from toolkit.models import overrides
+from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, make_devices
+from toolkit.models.graph import GraphBuilder, LlamaGraph
 from toolkit.models.hparams import LlamaHParams
-from toolkit.models.llama import LlamaGraph, LlamaGraphBuilder
-from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_kv_cache, output_buffer
+from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_memory, output_buffer
 
 if TYPE_CHECKING:
     from toolkit.sched import Scheduler
@@ -59,14 +60,41 @@ class LlamaSetup:
     flash_attn: bool                   # what the graphs use (auto starts on, the probe may turn it off)
     pipeline_parallel: bool
     pp_check: dict[str, object] = field(default_factory=dict)
-    load_warnings: list[str] = field(default_factory=list)   # llama_model_loader's warnings
+    kv_swa: KVCache | None = None      # llama_kv_cache_iswa's SWA cache (``kv`` is then the non-SWA one)
+    warnings: list[str] = field(default_factory=list)  # logged while creating the memory
+    warned: bool = False               # the warnings went into a ReserveEvent already
 
     @property
     def backends(self) -> list[Backend]:
         return self.devices.backends
 
-    def builder(self, graph_size: int) -> LlamaGraphBuilder:
-        return LlamaGraphBuilder(self.model, self.kv, flash_attn=self.flash_attn, graph_size=graph_size)
+    def builder(self, graph_size: int) -> GraphBuilder:
+        return builder_class(self.hparams.arch)(self.model, self.kv, flash_attn=self.flash_attn,
+                                                graph_size=graph_size, kv_swa=self.kv_swa)
+
+    @property
+    def kv_caches(self) -> list[KVCache]:
+        """The KV caches in creation order (iSWA: the non-SWA cache, then the SWA cache)."""
+        return [self.kv] if self.kv_swa is None else [self.kv, self.kv_swa]
+
+    def kv_buffers_bytes(self) -> dict[str, int]:
+        """KV buffer bytes per buffer name, summed over the caches."""
+        out: dict[str, int] = {}
+        for c in self.kv_caches:
+            for name, b in c.buffers_bytes.items():
+                out[name] = out.get(name, 0) + b
+        return out
+
+    def kv_buffers_by_cache(self) -> dict[str, int]:
+        """KV buffer bytes as llama.cpp logs them, one line per cache and buffer: the buffer name, with
+        the cache in parentheses for iSWA's two caches (``CPU (SWA)``, ``CPU (non-SWA)``)."""
+        if self.kv_swa is None:
+            return dict(self.kv.buffers_bytes)
+        return {f"{name} ({c.kind})": b for c in self.kv_caches for name, b in c.buffers_bytes.items()}
+
+    def kv_cache_of(self, il: int) -> KVCache:
+        """The cache that holds layer il."""
+        return self.kv_swa if self.kv_swa is not None and il in self.kv_swa.layers else self.kv
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
@@ -104,10 +132,12 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     fa = cp.flash_attn != "off"
     check_kv_types(hp, rp, fa)
     model = load_model(hp, cp, devs)
-    kv = make_kv_cache(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa)
+    kv, kv_swa, warnings = make_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa,
+                                       swa_full=cp.swa_full, unified=cp.kv_unified)
     pp, check = pipeline_parallel(hp, cp, devs)
-    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check,
-                      overrides.warnings(model.override_rules, cp.use_mmap))
+    # llama_model_loader warns before the memory is created
+    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
+    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
 
 
 def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
