@@ -75,3 +75,19 @@ def test_moe_debug_dump_node_by_node(case_id: str) -> None:
             for a, b in zip(so.nodes, st.nodes):
                 assert (a.op, a.name, a.size, a.backend) == (b.op, b.name, b.size, b.backend), (a, b)
                 assert a.srcs == b.srcs, (a.index, a.srcs, b.srcs)
+
+
+@pytest.mark.parametrize(("preset", "fa", "per_layer"), [
+    ("mixtral_8x7b", "on", 47), ("mixtral_8x7b", "off", 52),       # k = 2: dense llama + 16
+    ("qwen3_30b_a3b", "on", 63), ("qwen3_30b_a3b", "off", 68),     # k = 8: qwen3 + 16 + 2k - 4
+])
+def test_node_count_rule_at_real_sizes(preset: str, fa: str, per_layer: int) -> None:
+    """The oracle's MoE counts (47/52 per layer for k = 2, 55/60 for qwen3moe with k = 4, i.e. 2 more per
+    used expert) at real depths and expert counts, + 6 outside the layers."""
+    from toolkit.context import Context
+    from toolkit.models import ContextParams, presets
+
+    hp = presets.get(preset)
+    ev = Context(hp, ContextParams(n_ctx=4096, n_ubatch=512, flash_attn=fa, n_gpu_layers=0)).events[-1]  # type: ignore[arg-type]
+    assert ev.n_nodes_pp == ev.n_nodes_tg == per_layer * hp.n_layer + 6
+    assert hp.moe is not None and hp.moe.nodes_per_layer == 16 + 2 * hp.moe.n_expert_used

@@ -132,7 +132,7 @@ assert set(PRESET_LABELS.values()) == set(PRESETS)
 
 def get(name: str) -> LlamaHParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
-    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``)."""
+    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``)."""
     try:
         return PRESETS[name]()
     except KeyError:
@@ -151,3 +151,18 @@ def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
 
 
 PRESETS["mixtral_8x7b"] = mixtral_8x7b
+
+
+def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Qwen3-30B-A3B-shaped (``qwen3moe``): 48 layers, n_embd 2048, 32 heads (4 KV) of 128, QK-norm,
+    128 experts of n_ff 768 with 8 used per token, vocab 151936, rope base 1e6."""
+    from toolkit.models.moe import MoEParams  # noqa: PLC0415 - the MoE block is optional to dense users
+
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, n_vocab=151936,
+                        n_ctx_train=40960, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
+                        arch="qwen3moe", name=f"qwen3-30b-a3b_{t.lower}",
+                        moe=MoEParams(n_expert=128, n_expert_used=8, n_ff_exp=768))
+
+
+PRESETS["qwen3_30b_a3b"] = qwen3_30b_a3b
