@@ -1,7 +1,8 @@
 """Model hyperparameters and the model's weight tensors (``llama_hparams`` + ``llm_tensor`` names).
 
 A :class:`LlamaHParams` describes a model of one of the architectures the toolkit builds
-(``llama`` with or without experts, ``qwen3``, ``qwen3moe``, ``gemma3``; :data:`SUPPORTED_ARCHS`) well enough to build llama.cpp's
+(``llama`` with or without experts, ``qwen3``, ``qwen3moe``, ``gemma3``; :data:`SUPPORTED_ARCHS`)
+well enough to build llama.cpp's
 graph and to size its weights: the shapes, the type of every weight (``dtype`` for 2-D
 matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``), whether the output
 head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
