@@ -3,8 +3,8 @@
 A :class:`LlamaHParams` describes a model of one of the architectures the toolkit builds
 (``llama`` with or without experts, ``qwen3``, ``qwen3moe``, ``gemma3``; :data:`SUPPORTED_ARCHS`)
 well enough to build llama.cpp's graph and to size its weights: the shapes, the type of every
-weight (``dtype`` for 2-D matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``), whether the output
-head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
+weight (``dtype`` for 2-D matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``),
+whether the output head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
 sliding window of iSWA models (``n_swa``, ``swa_pattern``: ``llama_hparams::set_swa_pattern``).
 
 >>> from toolkit.models import presets
