@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from toolkit.context import ReserveEvent
+from toolkit.reuse import CompileEvent, ReserveEvent
 from toolkit.sched.plan import Plan
 from toolkit.ui import text
 from toolkit.ui.layers import Collapse, group_starts, node_runs
@@ -62,22 +62,21 @@ def badge(ev: ReserveEvent | None, error: str | None = None) -> go.Figure:
     return fig
 
 
-def _event_hover(ev: ReserveEvent) -> str:
+def _event_hover(ev: ReserveEvent, compiles: Sequence[CompileEvent] = ()) -> str:
     rows = [f"<b>#{ev.index} {ev.decision.upper()}</b>", f"trigger: {ev.trigger or '-'}",
             f"params: {text.params_text(ev.params)}", f"was: {text.params_text(ev.previous)}",
             f"why: {text.reasons_text(ev) or '-'}", f"timings: {text.timings_text(ev)}",
             f"host metadata: +{size_label(ev.host_metadata_bytes)}, saved {size_label(ev.saved_host_metadata_bytes)}",
             f"nodes pp/tg: {ev.n_nodes_pp}/{ev.n_nodes_tg}, splits pp/tg: {ev.n_splits_pp}/{ev.n_splits_tg}"]
-    if ev.compile:
-        c = ev.compile
-        rows.append(f"XLA compile: {c.get('compiled', '?')} compiled, {c.get('cache_hits', '?')} cache hits, "
-                    f"{c.get('compile_ms', '?')} ms")
+    for c in compiles:
+        if c.reserve_index == ev.index:
+            rows.append(f"XLA compile: {c.compiled} compiled, {c.cache_hits} cache hits, {c.compile_ms} ms")
     if ev.error:
         rows.append(f"error: {ev.error}")
     return "<br>".join(rows)
 
 
-def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
+def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = ()) -> go.Figure:
     """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details."""
     fig = go.Figure(layout=base_layout("reserve events", height=260))
     for decision in ("rebuilt", "reused", "fallback", "error"):
@@ -86,7 +85,7 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
             x=[e.index for e in evs], y=[text.total_ms(e) for e in evs], mode="markers", name=decision,
             marker={"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
                     "line": {"width": 1, "color": NEUTRAL_TEXT}},
-            hovertext=[_event_hover(e) for e in evs], hoverinfo="text", showlegend=True))
+            hovertext=[_event_hover(e, compiles) for e in evs], hoverinfo="text", showlegend=True))
     if events:
         # a thin line in event order so the sequence reads left to right
         fig.add_trace(go.Scatter(x=[e.index for e in events], y=[text.total_ms(e) for e in events],
