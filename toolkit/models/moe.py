@@ -50,7 +50,8 @@ Callback = Callable[[Tensor, str, int], Tensor]
 class MoEParams:
     """The MoE hyperparameters llama.cpp reads (``llama_hparams``): ``n_expert``, ``n_expert_used``,
     ``n_ff_exp`` (``expert_feed_forward_length``; 0 means ``n_ff``, as Mixtral GGUFs omit it),
-    ``expert_weights_scale`` (0 or 1: no scale node) and the gating function."""
+    ``expert_weights_scale`` (0 or 1: no scale node; a model dict may set it, llama and qwen3moe files
+    leave it 0) and the gating function."""
 
     n_expert: int
     n_expert_used: int
@@ -140,9 +141,10 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
         for frag, feature in _UNSUPPORTED_TENSORS.items():
             if frag in name:
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
+    # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
+    # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
     return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
-                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0),
-                     weights_scale=float(get(f"{arch}.expert_weights_scale") or 0.0))
+                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0))
 
 
 def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
