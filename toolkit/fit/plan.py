@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.errors import ParameterError, ToolkitError, UnsupportedFeature
 from toolkit.fit.impl import fit_params
 from toolkit.fit.probe import default_split
 from toolkit.fit.real import run_params
@@ -47,8 +47,8 @@ def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, A
         ctx = Context(hp, cp)
     except UnsupportedFeature:
         raise
-    except ValueError as e:
-        return {**out, "error": str(e)}
+    except ToolkitError as e:  # llama_init_from_model refuses the context: its message
+        return {**out, "error": e.llama_text or str(e)}
     out.update(summary(ctx))
     bd, _ = context_breakdown(ctx, exact=True)
     out["memory_breakdown"] = breakdown_table(bd, mem) if mem is not None else None

@@ -42,6 +42,7 @@ def summary(ctx: Any) -> dict[str, Any]:
         # the rest of llama_kv_cache's size line (cells, layers and bytes are in kv_caches)
         "kv_types": {"n_seq_max": ctx.setup.resolved.n_seq_max, "type_k": ctx.setup.resolved.type_k.lower,
                      "type_v": ctx.setup.resolved.type_v.lower},
+        "tensor_overrides": [o.to_dict() for o in ctx.setup.model.tensor_overrides],
     }
 
 
@@ -58,8 +59,11 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     fit = list(result.get("fit_log_lines") or ())
     if "error" in result:
         return [*fit, f"llama_init_from_model: {result['error']}"]
-    out = fit + [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-           for name, b in result["model_buffers_bytes"].items()]
+    # llama_model_loader: the tensors -ot / --cpu-moe / --n-cpu-moe moved (ggml_nbytes / 1 MiB, then exact bytes)
+    out = fit + [f"tensor {o['tensor']} ({o['bytes'] // 2**20} MiB {o['type']}) buffer type overridden to "
+                 f"{o['buft']} ({o['bytes']} bytes)" for o in result.get("tensor_overrides", ())]
+    out += [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
     caches = result.get("kv_caches") or []

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from toolkit import validate
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
+from toolkit.models import overrides
 
 FlashAttn = Literal["on", "off", "auto"]
 SplitMode = Literal["none", "layer", "row"]
@@ -93,6 +94,7 @@ class ContextParams:
         if isinstance(self.override_tensor, str):
             object.__setattr__(self, "override_tensor", (self.override_tensor,))
         object.__setattr__(self, "override_tensor", validate.strings("override_tensor", self.override_tensor))
+        overrides.check_items(self.override_tensor)  # the buffer type names are checked against the devices
         object.__setattr__(self, "cpu_moe", validate.boolean("cpu_moe", self.cpu_moe))
         validate.integer("n_cpu_moe", self.n_cpu_moe, lo=0, hi=validate.INT32_MAX)
 

@@ -23,6 +23,7 @@ from toolkit.backend import Backend, Buffer, BufferType
 from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
+from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
 from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
@@ -66,8 +67,9 @@ def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[
 
 
 def repack_supported(w: WeightInfo) -> bool:
-    """ggml-cpu's repack buffer runs MUL_MAT on 2-D Q4_0/Q4_K (rows % 8) and IQ4_NL (rows % 4) matrices (x86)."""
-    if w.op != "MUL_MAT" or len(w.ne) != 2:
+    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0/Q4_K (rows % 8) and
+    IQ4_NL (rows % 4) weights (x86)."""
+    if (w.op, len(w.ne)) not in (("MUL_MAT", 2), ("MUL_MAT_ID", 3)):
         return False
     if w.type in (GGMLType.Q4_0, GGMLType.Q4_K):
         return w.ne[1] % 8 == 0
@@ -84,6 +86,8 @@ class LoadedModel:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
     buffers_bytes: dict[str, int] = field(default_factory=dict)
+    tensor_overrides: list[overrides.TensorOverride] = field(default_factory=list)  # weights moved by -ot & co.
+    override_rules: list[overrides.OverrideRule] = field(default_factory=list)
     rope_freqs: list[Tensor] = field(default_factory=list)  # per repeating layer: its buffer type's copy
 
     def layer_backend(self, il: int) -> Backend:
@@ -134,8 +138,18 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
         pos += w.nbytes
     cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
     bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
+    rules = overrides.parse(cp.override_tensor, cp.cpu_moe, cp.n_cpu_moe,
+                            [*(b.buft.name for b in [*devs.gpus, *devs.accels]), devs.cpu_buft.name])
+    model.override_rules = rules
 
     def buf_of(w: WeightInfo, d: int) -> str:
+        rule = overrides.match(rules, w.name) if rules else None
+        if rule is not None:
+            name, logged = _override_buft(w, rule.buft, devs, cp.use_mmap, bufts)
+            if all(o.tensor != w.name for o in model.tensor_overrides):
+                model.tensor_overrides.append(overrides.TensorOverride(w.name, w.type.lower, logged, w.nbytes,
+                                                                       rule.pattern))
+            return name
         if d >= 0:
             b = devs.gpus[d].buft
             bufts[b.name] = b
@@ -186,6 +200,34 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
     order = [b.name for b in devs.gpus]
     model.buffers_bytes = dict(sorted(sizes.items(), key=lambda kv: (kv[0] in order, kv[0])))
     return model
+
+
+def _override_buft(w: WeightInfo, buft_name: str, devs: DeviceSet, use_mmap: bool,
+                   bufts: dict[str, BufferType]) -> tuple[str, str]:
+    """(buffer name, logged buft) of a weight an override sends to ``buft_name`` (llama_model::load_tensors).
+
+    A device buft is used as is. ``CPU`` goes through llama's CPU buft list (make_cpu_buft_list):
+    ACCEL bufts other than the CPU's, the first GPU's host buft, the repack buft when it runs the
+    weight's op, the CPU buft; with mmap a device's host buft is replaced by the CPU buft.
+    """
+    cpu_name = "CPU_Mapped" if use_mmap else devs.cpu_buft.name
+    if buft_name != overrides.CPU_BUFT:
+        b = next(x.buft for x in [*devs.gpus, *devs.accels] if x.buft.name == buft_name)
+        bufts[b.name] = b
+        return b.name, b.name
+    for a in devs.accels:
+        if a.buft is not devs.cpu_buft and a.supports_op(Tensor(w.type, w.ne)):
+            bufts[a.buft.name] = a.buft
+            return a.buft.name, a.buft.name
+    host = next((g.host_buft for g in devs.gpus if g.host_buft is not None), None)
+    if host is not None:
+        if use_mmap:
+            return cpu_name, host.name
+        bufts[host.name] = host
+        return host.name, host.name
+    if repack_supported(w):
+        return "CPU_REPACK", "CPU_REPACK"
+    return cpu_name, devs.cpu_buft.name
 
 
 @dataclass

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
-from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.errors import ParameterError
+from toolkit.models import overrides
 from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
@@ -114,13 +115,15 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
     with async compute and events (the last check is the one ``force_pipeline_parallel`` skips, like
     the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
+    # llama_model::has_tensor_overrides: any -ot / --cpu-moe / --n-cpu-moe item, matched or not
+    overridden = bool(cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe > 0)
     check: dict[str, object] = {
         "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
-        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": False,
+        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": overridden,
         "caps_async_events": caps, "force": cp.force_pipeline_parallel,
     }
     ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer and cp.split_mode == "layer" and cp.offload_kqv
-          and (caps or cp.force_pipeline_parallel))
+          and not overridden and (caps or cp.force_pipeline_parallel))
     check["pipeline_parallel"] = ok
     return ok, check
 
@@ -131,12 +134,6 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
-    if cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe:
-        # -ot / --cpu-moe / --n-cpu-moe: llama_model_loader's buft overrides are not placed yet
-        given = [*cp.override_tensor, *(["--cpu-moe"] if cp.cpu_moe else []),
-                 *([f"--n-cpu-moe {cp.n_cpu_moe}"] if cp.n_cpu_moe else [])]
-        raise UnsupportedFeature("tensor_overrides", f"tensor buffer overrides ({', '.join(given)}) are not "
-                                 "implemented for planning yet")
     rp = cp.resolve(hp.n_ctx_train)
     if devs is None:
         devs = make_devices(cp.devices, split_mode=cp.split_mode, main_gpu=cp.main_gpu) if backends is None \
@@ -151,6 +148,8 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
         warnings = [f"llama_context: n_ctx_seq ({rp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- "
                     "possible training context overflow", *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
+    # llama_model_loader warns before the memory is created
+    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
     return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
 
 
