@@ -15,6 +15,8 @@ from toolkit.memory import Breakdown, DeviceMemory, breakdown_table, context_bre
 from toolkit.models.cparams import ContextParams
 from toolkit.models.hparams import LlamaHParams
 
+NO_ALLOC_HOST_LIMIT = (1 << 63) - 1   # a probe's context allocates nothing: no host memory limit
+
 
 @dataclass(frozen=True)
 class ProbeParams:
@@ -107,7 +109,9 @@ def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *
         unlimited, ctx, _ = real_context(hp, pcp, memory)
         ctx = ctx if ctx is not None else unlimited   # out of memory: the unlimited need, above the free memory
     else:
-        ctx = Context(hp, pcp)
+        # under no_alloc nothing is allocated on the host (weights, KV cache and compute buffers are
+        # sized only), so the host memory limit a real context is held to does not apply
+        ctx = Context(hp, pcp, host_memory=NO_ALLOC_HOST_LIMIT)
     bd, comp = context_breakdown(ctx, exact=exact)
     params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
     return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
