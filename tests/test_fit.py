@@ -38,24 +38,6 @@ def fit_cases() -> list[dict[str, Any]]:
 
 CASES = [c["id"] for c in fit_cases()]
 
-# A known difference of the planner, not of fit: qwen3 on two RPC servers, every layer offloaded,
-# flash attention, n_ctx 4096 (the first probe of these cases; llama.cpp measured RPC1 65798144
-# bytes, the toolkit plans 66584576, while at n_ctx 1024 both give 66584576). Strict: a fix turns
-# these red until the mark goes.
-QWEN3_RPC2 = pytest.mark.xfail(strict=True, reason="qwen3, 2 RPC servers, full offload, FA, n_ctx 4096: "
-                                                    "RPC1 compute buffer 786432 bytes above llama.cpp's")
-
-
-def _param(cid: str, *more: str) -> Any:
-    c = _case(cid)
-    known = c["model"]["arch"] == "qwen3" and len(c["inputs"]["server_env"]) == 2
-    return pytest.param(cid, *more, marks=QWEN3_RPC2) if known else (cid, *more) if more else cid
-
-
-def _marked(cids: list[str]) -> list[Any]:
-    return [_param(i) for i in cids]
-
-
 @cache
 def _case(cid: str) -> dict[str, Any]:
     return next(c for c in fit_cases() if c["id"] == cid)
@@ -104,7 +86,7 @@ def _lost_at_exit(c: dict[str, Any]) -> bool:
     return c["fit"]["rc"] == 1 and EXIT_LINE not in c["fit"]["errors"]
 
 
-@pytest.mark.parametrize("cid", _marked(CASES))
+@pytest.mark.parametrize("cid", CASES)
 def test_log_lines(cid: str) -> None:
     c, got = _case(cid), _fitted(cid)
     want, have = _mask(c["fit"]["fit_log_lines"]), _mask(got["log_lines"])
@@ -124,7 +106,7 @@ def test_a_log_cut_at_exit_is_recognised() -> None:
     assert len(full) >= 4 and all(_case(i)["fit"]["fit_log_lines"][-1] == EXIT_LINE for i in full)
 
 
-@pytest.mark.parametrize("cid", _marked(CASES))
+@pytest.mark.parametrize("cid", CASES)
 def test_every_probe_compute_and_kv(cid: str) -> None:
     """Each no-alloc probe: the pp-only compute buffer per buft, the KV bytes and the layer count."""
     c, got = _case(cid), _fitted(cid)
@@ -391,7 +373,7 @@ def _fit_on(run: dict[str, Any]) -> bool:
     return args[args.index("-fit") + 1] == "on"
 
 
-FIT_ON_RUNS = [_param(cid, key) for cid in CASES for key in ("run", "run_fit_on")
+FIT_ON_RUNS = [(cid, key) for cid in CASES for key in ("run", "run_fit_on")
                if key in _case(cid) and _fit_on(_case(cid)[key])]
 
 
