@@ -94,10 +94,13 @@ class Context:
 
     def __init__(self, model: Any, cparams: ContextParams | None = None, devices: Sequence[Backend] | None = None,
                  planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
-                 host_memory: int | None = None) -> None:
+                 host_memory: int | None = None, no_alloc: bool = False) -> None:
         # the most host memory a plan may ask for (scheduler metadata, CPU buffers); None: the machine's
         self.host_memory = validate.optional_integer("host_memory", host_memory, lo=0,
                                                      none_means="the machine's physical memory")
+        # llama_model_params::no_alloc (memory fitting): the pp graph is only sized
+        # (ggml_backend_sched_reserve_size), tg only split, and nothing is allocated
+        self.no_alloc = validate.boolean("no_alloc", no_alloc)
         self.hparams = _hparams(model)
         # the runtime loads weights from here (toolkit.jaxrt); planning needs only the metadata
         self.gguf_path: str | None = model if isinstance(model, str) and model.endswith(".gguf") else None
@@ -202,10 +205,16 @@ class Context:
         return self.build_llama_graph(n_tokens, n_seqs, n_outputs, graph_size).graph
 
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, *,
-                      split_only: bool = False) -> LlamaGraph | None:
-        """``llama_context::graph_reserve``: the graph (a LlamaGraph), or None when allocation failed."""
+                      split_only: bool = False, sizes: bool = False) -> LlamaGraph | None:
+        """``llama_context::graph_reserve``: the graph (a LlamaGraph), or None when allocation failed.
+
+        ``sizes`` (no_alloc): ``ggml_backend_sched_reserve_size``, which resets the scheduler before
+        splitting and so drops the backends the graph callback pinned while the graph was built."""
         n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, n_outputs)
         lg = self.build_llama_graph(n_tokens, n_seqs, n_outputs)
+        if sizes:
+            self.scheduler.reserve_size(lg.graph)
+            return lg
         if split_only:
             self.scheduler.split_graph(lg.graph)
             return lg
@@ -251,7 +260,7 @@ class Context:
         for nt in N_FUSED_OP_PROBES:
             self.graph_reserve(nt, n_seqs, nt, split_only=True)
         t_probe = time.perf_counter()
-        lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, sizes=self.no_alloc)
         if lg is None and self.pipeline_parallel:
             self.pipeline_parallel = False
             h.fall_back(r)
@@ -259,15 +268,17 @@ class Context:
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
         n_splits_pp, n_nodes_pp = self.scheduler.n_splits, lg.graph.n_nodes
-        lg_tg = self.graph_reserve(n_seqs, n_seqs, n_seqs)
+        lg_tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, split_only=self.no_alloc)
         if lg_tg is None:
             raise AllocationError(f"failed to allocate compute tg buffers: {h.alloc_failure()}")
         n_splits_tg, n_nodes_tg = self.scheduler.n_splits, lg_tg.graph.n_nodes
-        needed_tg = self.scheduler.graph_needed_sizes()
-        lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
+        # under no_alloc the tg graph is split only: llama.cpp sizes no tg plan
+        needed_tg = [0] * self.scheduler.n_backends if self.no_alloc else self.scheduler.graph_needed_sizes()
+        lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, sizes=self.no_alloc)
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
-        self._check_host_buffers()
+        if not self.no_alloc:   # under no_alloc nothing is allocated on the host
+            self._check_host_buffers()
         t_end = time.perf_counter()
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}

@@ -67,7 +67,8 @@ def fit_case(case: Mapping[str, Any], *, real: bool = True) -> dict[str, Any]:
                                "fitted_in_process": r.fitted.to_dict()}
         if real:
             out["real"] = real_run(hp, args, r).to_dict()
-            if r.status == "success" and len(mem) > 1:
+            if len(mem) > 1:
+                # -fit on inside the program: fit's own split, or after a refused fit the user's parameters
                 out["real_fit_on"] = real_run(hp, args, r, in_process=True).to_dict()
         return out
     except UnsupportedFeature as e:

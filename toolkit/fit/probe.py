@@ -1,8 +1,10 @@
 """One probe: ``common_get_device_memory_data_impl`` over a :class:`~toolkit.context.Context`.
 
-The context is created with the probe's parameters and no memory-mapped weights
+The context is created with the probe's parameters, ``no_alloc`` and no memory-mapped weights
 (``LLAMA_LOAD_MODE_NONE``) and read as ``llama_get_memory_breakdown``, with the compute buffers of
-the first pp reserve only: what ``ggml_backend_sched_reserve_size`` reports under ``no_alloc``.
+the pp graph only: what ``ggml_backend_sched_reserve_size`` reports. That call resets the scheduler
+before splitting, so the backends ``llama_context::graph_get_cb`` pinned while the graph was built
+(``norm`` on its layer's device, the merged heads on the CPU with ``-nkvo``) do not hold there.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *
         unlimited, ctx, _ = real_context(hp, pcp, memory)
         ctx = ctx if ctx is not None else unlimited   # out of memory: the unlimited need, above the free memory
     else:
-        ctx = Context(hp, pcp)
+        ctx = Context(hp, pcp, no_alloc=True)
     bd, comp = context_breakdown(ctx, exact=exact)
     params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
     return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
