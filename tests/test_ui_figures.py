@@ -129,7 +129,7 @@ def test_badge_reasons_and_costs() -> None:
 def test_timeline_one_marker_per_event_coloured_by_decision() -> None:
     evs = sample_events()
     fig = figures.timeline(evs)
-    marker_traces = [t for t in fig.data if t.mode == "markers"]
+    marker_traces = [t for t in fig.data if t.mode.startswith("markers")]
     assert sum(len(t.x) for t in marker_traces) == len(evs)
     for t in marker_traces:
         assert t.marker.color == DECISION_COLOUR[t.name]

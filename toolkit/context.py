@@ -360,7 +360,8 @@ class Context(SchedulerOwner):
         saved = (self.cparams, self.setup, self.max_nodes_override, self.parallel_override, self.pipeline_parallel,
                  self.scheduler, self.sched_params_cur, self.sched_params_req, self._fa_resolved)
         old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
-        trigger = "; ".join(f"{k} {self._current(k)} -> {v}" for k, v in changes.items()) or "sched_reserve"
+        trigger = "; ".join(f"{k} {self._current(k)} -> {self._shown(k, v)}" for k, v in changes.items()) \
+            or "sched_reserve"
         try:
             cp_changes = {k: v for k, v in changes.items() if k not in _SCHED_FIELDS}
             new_cp = self.cparams.replace(**cp_changes) if cp_changes else self.cparams
@@ -411,6 +412,13 @@ class Context(SchedulerOwner):
         self.graph_reserve(n_tokens, rp.n_seq_max, n_out)
         self.graph_reserve(rp.n_seq_max, rp.n_seq_max, rp.n_seq_max)
         self.graph_reserve(n_tokens, rp.n_seq_max, n_out)
+
+    def _shown(self, key: str, value: Any) -> Any:
+        """A change as the trigger shows it: max_nodes=None is llama.cpp's graph_max_nodes, "auto (N)"."""
+        if key == "max_nodes" and value is None:
+            rp = self.setup.resolved
+            return f"auto ({graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))})"
+        return value
 
     def _current(self, key: str) -> Any:
         if key == "max_nodes":

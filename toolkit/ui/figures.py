@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from toolkit.context import ReserveEvent
+from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import Plan
 from toolkit.ui import text
 from toolkit.ui.layers import Collapse, group_starts, node_runs
@@ -82,8 +83,11 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
     fig = go.Figure(layout=base_layout("reserve events", height=260))
     for decision in ("rebuilt", "reused", "fallback", "error"):
         evs = [e for e in events if e.decision == decision]
+        # colour is never the only cue: each decision has its own symbol and, on short logs, its word
         fig.add_trace(go.Scatter(
-            x=[e.index for e in evs], y=[text.total_ms(e) for e in evs], mode="markers", name=decision,
+            x=[e.index for e in evs], y=[text.total_ms(e) for e in evs],
+            mode="markers+text" if len(events) <= 24 else "markers", name=decision,
+            text=[decision for _ in evs], textposition="top center", textfont={"size": 9, "color": NEUTRAL_TEXT},
             marker={"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
                     "line": {"width": 1, "color": NEUTRAL_TEXT}},
             hovertext=[_event_hover(e) for e in evs], hoverinfo="text", showlegend=True))
@@ -92,8 +96,10 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
         fig.add_trace(go.Scatter(x=[e.index for e in events], y=[text.total_ms(e) for e in events],
                                  mode="lines", line={"color": NEUTRAL_GRID, "width": 1},
                                  hoverinfo="skip", showlegend=False))
-    fig.update_xaxes(title_text="reserve #", dtick=1 if len(events) <= 20 else None)
+    fig.update_xaxes(title_text="reserve #", dtick=1 if len(events) <= 20 else None, tickformat="d")
     fig.update_yaxes(title_text="reserve ms", rangemode="tozero")
+    if not events:
+        fig.update_xaxes(tickformat="d")
     return _neutral_axes(fig)
 
 
@@ -171,12 +177,27 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
                                  marker={"symbol": "circle-open"}, hovertext=hv, hoverinfo="text",
                                  legendgroup=buft), row=1, col=2)
     fig.update_yaxes(title_text="MiB", rangemode="tozero")
-    fig.update_xaxes(title_text="reserve #", row=1, col=2)
+    # reserve numbers are whole: one tick per reserve on short logs, integer labels always
+    fig.update_xaxes(title_text="reserve #", row=1, col=2, tickformat="d", dtick=1 if len(good) <= 20 else None)
     fig.update_layout(meta={"event": ev.index, "text": text.buffers_text(upto)})
     return _neutral_axes(fig)
 
 
-def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
+def _spaced_ticks(starts: Sequence[tuple[str, int]], n_nodes: int, width: int) -> list[tuple[str, int]]:
+    """Layer labels that do not overlap: two neighbours at least their half widths apart (about
+    6 px a character at the 11 px tick font, plus a gap) on a plot ``width`` px wide."""
+    px_per_node = max(width - 100, 100) / max(n_nodes + 1, 1)
+    ticks: list[tuple[str, int]] = []
+    for label, start in starts:
+        if ticks and (start - ticks[-1][1]) * px_per_node < 3 * (len(ticks[-1][0]) + len(label)) + 4:
+            if ticks[-1][0] == "input":         # a short input group yields its label to L0
+                ticks[-1] = (label, start)
+            continue
+        ticks.append((label, start))
+    return ticks
+
+
+def split_map(plan: Plan | None, collapse: Collapse = "layer", width: int = 960) -> go.Figure:
     """Nodes in graph order coloured by backend (runs collapsed by layer by default), split spans
     underneath, split boundaries as dashed lines and input copies as triangles at each split start."""
     fig = go.Figure(layout=base_layout("split map", height=280, barmode="overlay", bargap=0.25))
@@ -192,6 +213,7 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
                  f"<br>output bytes: {size_label(r.nbytes)}"
                  + (f"<br>{r.names[0]}" if r.count == 1 else "") for r in rs]
         fig.add_trace(go.Bar(y=[row_nodes] * len(rs), x=[r.count for r in rs], base=[r.start for r in rs],
+                             customdata=[r.first_node for r in rs],       # what a click explains
                              orientation="h", name=rs[0].backend, marker_color=backend_colour(bid),
                              marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, hovertext=hover,
                              hoverinfo="text", legendgroup=rs[0].backend))
@@ -219,18 +241,18 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
             hovertext=[f"split {s.index} copies {len(s.inputs)} input(s), "
                        f"{size_label(sum(i.nbytes for i in s.inputs))}" for s in with_inputs],
             hoverinfo="text"))
-    # at most ~16 layer labels, none closer than 1/40 of the graph to the previous one
-    ticks: list[tuple[str, int]] = []
-    for label, start in group_starts(plan) if collapse == "layer" else []:
-        if not ticks or start - ticks[-1][1] >= max(1, plan.n_nodes // 16, plan.n_nodes / 40):
-            ticks.append((label, start))
-        elif ticks[-1][0] == "input":           # a one-node input group yields its label to L0
-            ticks[-1] = (label, start)
+    ticks = _spaced_ticks(group_starts(plan), plan.n_nodes, width) if collapse == "layer" else []
     fig.update_xaxes(title_text="node order", range=[-0.5, plan.n_nodes + 0.5], tickangle=0,
                      tickvals=[t[1] for t in ticks] or None, ticktext=[t[0] for t in ticks] or None)
     fig.update_yaxes(categoryorder="array", categoryarray=["copies", "splits", row_nodes][::-1])
     fig.update_layout(meta={"text": text.split_map_text(plan, collapse)})
     return _neutral_axes(fig)
+
+
+def _alloc_kind(name: str, n_copies: int) -> str:
+    if parse_copy_name(name) is None:
+        return "tensors"
+    return "pipeline copies" if n_copies > 1 else "split input copies"
 
 
 def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
@@ -246,22 +268,34 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
         return fig
     shapes: list[dict] = []
     notes: list[dict] = list(fig.layout.annotations)
+    legend_done: set[str] = set()
     for col, b in enumerate(bufs, start=1):
         allocs = [a for a in plan.allocs if a.buft == b.buft]
         bases = text.chunk_bases(b)
         colour = backend_colour(col - 1)
-        if allocs:
-            starts = [a.first for a in allocs]
-            widths = [a.last - a.first + 1 for a in allocs]
-            addrs = [text.address(a, bases) for a in allocs]
+        # plain tensors, split input copies and pipeline copies (n_copies > 1) each one trace,
+        # with its own fill pattern and legend entry: a copy is recognisable without its name
+        kinds = (("tensors", "", 0.75), ("split input copies", "/", 0.9), ("pipeline copies", "x", 0.9))
+        for kind, pattern, opacity in kinds:
+            group = [a for a in allocs if _alloc_kind(a.name, plan.n_copies) == kind]
+            if not group:
+                continue
+            starts = [a.first for a in group]
+            widths = [a.last - a.first + 1 for a in group]
+            addrs = [text.address(a, bases) for a in group]
             fig.add_trace(go.Bar(
-                x=[s + w / 2 for s, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
-                y=[a.size / MIB for a in allocs], name=b.buft, marker_color=colour, opacity=0.75,
-                marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, showlegend=False,
-                hovertext=[f"<b>{a.name}</b><br>offset {nbytes_exact(x)} (chunk {a.chunk})"
+                x=[st + w / 2 for st, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
+                y=[a.size / MIB for a in group], name=kind if kind != "tensors" else b.buft,
+                marker={"color": colour, "opacity": opacity, "pattern": {"shape": pattern, "fgcolor": NEUTRAL_TEXT},
+                        "line": {"width": 0.5, "color": NEUTRAL_TEXT}},
+                customdata=[a.name for a in group],           # what a click explains
+                legendgroup=kind, showlegend=kind != "tensors" and kind not in legend_done,
+                hovertext=[f"<b>{a.name}</b>{' (' + kind[:-3] + 'y)' if kind != 'tensors' else ''}"
+                           f"<br>offset {nbytes_exact(x)} (chunk {a.chunk})"
                            f"<br>size {size_label(a.size)}<br>live nodes {a.first}..{a.last}"
                            + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
-                           for a, x in zip(allocs, addrs)], hoverinfo="text"), row=1, col=col)
+                           for a, x in zip(group, addrs)], hoverinfo="text"), row=1, col=col)
+            legend_done.add(kind)
         peak = max((text.address(a, bases) + a.size for a in allocs), default=0)
         marks = [("peak", peak, "solid"), ("allocated", b.allocated, "dot")]
         if b.lower_bound is not None:
