@@ -72,7 +72,10 @@ def _split_items(part: str) -> list[str]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from toolkit.models.cases import load_cases, log_lines, plan_case
-    results = [plan_case(c) for c in load_cases(args.cases)]
+    cases = load_cases(args.cases)
+    results = [plan_case(c) for c in cases]
+    if getattr(args, "html", None):   # one self-contained HTML report (toolkit.ui.share, plotly)
+        importlib.import_module("toolkit.ui.share").save_cases_html(args.html, cases, source=str(args.cases))
     if args.json:
         json.dump(results, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="plan every case of a cases.json-style file")
     pl.add_argument("--cases", required=True, help="JSON list of {id, model, cparams}")
     pl.add_argument("--json", action="store_true", help="print a JSON list instead of log lines")
+    pl.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (figures, events)")
     rp = sub.add_parser("replay", help="replay a sequence of parameter changes and print the reserve events")
     rp.add_argument("--case", required=True, help="JSON file with the case(s)")
     rp.add_argument("--id", help="case id (default: the first case)")

@@ -65,17 +65,20 @@ def _figure_div(fig: go.Figure, div_id: str) -> str:
 
 def section_html(sec: Section, k: int, collapse: Collapse = "layer") -> str:
     events = list(sec.events)
+    rows = "".join(f"<tr><td>{html.escape(k_)}</td><td>{html.escape(v)}</td></tr>" for k_, v in sec.params)
+    if not events:
+        return (f"<section class='toolkit-report-section'><h2>{html.escape(sec.title)}</h2><p>no reserve</p>"
+                f"<h3>parameters</h3><table class='toolkit-report-params'>{rows}</table></section>")
     plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
     figs = {"timeline": figures.timeline(events), "buffers": figures.buffer_sizes(events),
             "split_map": figures.split_map(plan, collapse), "memory_layout": figures.memory_layout(plan)}
     pair = default_pair(events)
     diff = text.diff_text(compare(events[pair[0]], events[pair[1]], events)) if pair else "fewer than two reserves"
-    rows = "".join(f"<tr><td>{html.escape(k_)}</td><td>{html.escape(v)}</td></tr>" for k_, v in sec.params)
     log = "\n\n".join(e.to_text() for e in events)
     divs = "\n".join(f"<div class='toolkit-report-figure' data-name='{name}'>{_figure_div(fig, f'fig-{k}-{name}')}"
                      f"</div>" for name, fig in figs.items())
     return (f"<section class='toolkit-report-section'><h2>{html.escape(sec.title)}</h2>"
-            f"{text.badge_html(events[-1] if events else None)}"
+            f"{text.badge_html(events[-1])}"
             f"{divs}"
             f"<h3>compare</h3><pre class='toolkit-report-compare'>{html.escape(diff)}</pre>"
             f"<h3>event log</h3><pre class='toolkit-report-log'>{html.escape(log)}</pre>"
@@ -114,4 +117,19 @@ def save_html(path: str | Path, sections: Sequence[Section], title: str = "toolk
     return p
 
 
-__all__ = ["Section", "report_html", "save_html", "section_of"]
+def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source: str = "") -> Path:
+    """``python -m toolkit plan --cases FILE --html PATH``: one section per case (its context's reserves);
+    a case llama.cpp would refuse is listed with its error."""
+    from toolkit.models.cases import context_from_case
+
+    sections: list[Section] = []
+    for k, case in enumerate(cases):
+        title = str(case.get("id", f"case {k}"))
+        try:
+            sections.append(section_of(context_from_case(case), title))
+        except ValueError as e:
+            sections.append(Section(f"{title}: {e}", (), tuple((str(a), str(b)) for a, b in case["cparams"].items())))
+    return save_html(path, sections, title=f"toolkit plan {source}".strip(), meta={"cases": str(len(cases))})
+
+
+__all__ = ["Section", "report_html", "save_cases_html", "save_html", "section_of"]
