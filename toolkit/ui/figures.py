@@ -262,7 +262,13 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
     cols = max(1, len(bufs))
     fig = make_subplots(rows=1, cols=cols, subplot_titles=[b.buft for b in bufs] or [""],
                         horizontal_spacing=0.08 if cols > 1 else 0.0)
-    fig.update_layout(**base_layout("memory layout", height=340, barmode="overlay", bargap=0))
+    # the copies' legend sits above the plots: below them, with the x titles, it would squeeze the
+    # plot area of this short figure to nothing (plotly then draws NaN paths)
+    fig.update_layout(**base_layout("memory layout", height=360, barmode="overlay", bargap=0,
+                                    margin={"l": 60, "r": 20, "t": 70, "b": 40},
+                                    legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02,
+                                            "yanchor": "bottom", "font": {"color": NEUTRAL_TEXT},
+                                            "bgcolor": "rgba(0,0,0,0)"}))
     if plan is None:
         fig.update_layout(meta={"text": "no plan"})
         return fig
@@ -286,8 +292,8 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
             fig.add_trace(go.Bar(
                 x=[st + w / 2 for st, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
                 y=[a.size / MIB for a in group], name=kind if kind != "tensors" else b.buft,
-                marker={"color": colour, "opacity": opacity, "pattern": {"shape": pattern, "fgcolor": NEUTRAL_TEXT},
-                        "line": {"width": 0.5, "color": NEUTRAL_TEXT}},
+                marker={"color": colour, "opacity": opacity, "line": {"width": 0.5, "color": NEUTRAL_TEXT},
+                        **({"pattern": {"shape": pattern, "fgcolor": NEUTRAL_TEXT}} if pattern else {})},
                 customdata=[a.name for a in group],           # what a click explains
                 legendgroup=kind, showlegend=kind != "tensors" and kind not in legend_done,
                 hovertext=[f"<b>{a.name}</b>{' (' + kind[:-3] + 'y)' if kind != 'tensors' else ''}"
