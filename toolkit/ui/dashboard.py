@@ -219,8 +219,8 @@ class Dashboard:
                               ).add_class("toolkit-inspect")
         self.inspected: NodeExplanation | None = None
         # compare: any two reserves as a diff; by default the previous and the newest one
-        self.compare_toggle = W.ToggleButton(value=False, description="compare reserves", icon="columns"
-                                             ).add_class("toolkit-compare-toggle")
+        self.compare_toggle = W.ToggleButton(value=False, description="compare reserves", icon="columns",
+                                             layout=W.Layout(width="190px")).add_class("toolkit-compare-toggle")
         self.compare_a = W.Dropdown(description="from", style=style, layout=W.Layout(width="340px")
                                     ).add_class("toolkit-compare-a")
         self.compare_b = W.Dropdown(description="to", style=style, layout=W.Layout(width="340px")

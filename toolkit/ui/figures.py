@@ -107,7 +107,8 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
             "textfont": {"size": 9, "color": NEUTRAL_TEXT},
             "marker": {"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
                        "line": {"width": 1, "color": NEUTRAL_TEXT}},
-            "hovertext": [_event_hover(e) for e in evs], "hoverinfo": "text", "showlegend": True})
+            "hovertext": [_event_hover(e) for e in evs], "hoverinfo": "text", "showlegend": True,
+            "cliponaxis": False})                  # the word over the highest marker stays whole
     if events:
         # a thin line in event order so the sequence reads left to right
         traces.append({"type": "scatter", "x": [e.index for e in events], "y": [text.total_ms(e) for e in events],
