@@ -86,3 +86,17 @@ def test_save_html_is_self_contained(tmp_path: Path) -> None:
     assert "compare reserve #0 (rebuilt) -&gt; #1 (rebuilt)" in page and "op_offload on -&gt; off" in page
     assert "n_gpu_layers" in page and "data-version='0.1.0'" in page
     assert page.count("#1 rebuilt") >= 1
+
+
+def test_a_bad_control_value_is_shown_and_the_state_kept() -> None:
+    dash = offload_dashboard()
+    n, drawn = len(dash.ctx.events), dash.figures["split_map"].to_dict()
+    sched = dash.ctx.scheduler
+    dash.controls["devices"].value = "gpu:2"                     # not a device spec the picker accepts
+    assert dash.error is not None and "'gpu:2'" in dash.error and "sim:N" in dash.error
+    assert "toolkit-badge-error" in dash.badge.value and "gpu:2" in dash.errors.value
+    assert dash.controls["devices"].value == "sim:2"             # the control shows what runs
+    assert dash.ctx.scheduler is sched and len(dash.ctx.events) == n
+    assert dash.figures["split_map"].to_dict() == drawn
+    dash.controls["max_nodes"].value = "1000"                     # a good value clears the error
+    assert dash.error is None and dash.ctx.events[-1].decision == "reused"
