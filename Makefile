@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
-# `make lab`: 127.0.0.1 only, on the first free port from 8888 (or LAB_PORT=...), with a fresh
-# token so the notebook's full URL is printed before the server starts; extra flags: LAB_ARGS=...
+# `make lab` runs `python -m toolkit.lab` (toolkit/lab.py) from the repository root: 127.0.0.1 only,
+# on the first free port from 8888 (or LAB_PORT=...), a fresh token, and the quickstart's full URL
+# printed before the server starts; extra jupyter flags: LAB_ARGS=...
 LAB_PORT ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
-ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: lab test lint typecheck unit venv clean test-lowest
 
@@ -39,12 +39,7 @@ $(VENV)/.installed-dev: $(VENV)/.created pyproject.toml
 venv: $(VENV)/.installed
 
 lab: $(VENV)/.installed
-	@port="$(LAB_PORT)"; \
-	[ -n "$$port" ] || port=$$($(PY) -c 'import socket; print(next(p for p in range(8888, 8988) if socket.socket().connect_ex(("127.0.0.1", p))))'); \
-	token=$$($(PY) -c 'import secrets; print(secrets.token_hex(24))'); \
-	echo; echo "  JupyterLab: http://127.0.0.1:$$port/lab/tree/notebooks/quickstart.ipynb?token=$$token"; echo; \
-	exec $(PY) -m jupyterlab notebooks/quickstart.ipynb --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
-		--IdentityProvider.token=$$token $(ALLOW_ROOT) $(LAB_ARGS)
+	@LAB_PORT=$(LAB_PORT) $(PY) -m toolkit.lab $(LAB_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check toolkit tests

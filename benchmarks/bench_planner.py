@@ -5,7 +5,8 @@
 Each CSV row is one buffer `id,lower,upper,size`, live on the half-open interval [lower, upper)
 (benchmarks/data/minimalloc-challenging/README.md); toolkit's Interval is inclusive, so it becomes
 Interval(size, lower, upper - 1). Columns:
-- time order: best fit in time order, the order ggml's online allocator sees tensors (§6.5);
+- time order: best fit in time order, the order ggml's online allocator sees tensors
+  (ggml_gallocr_alloc_graph_impl);
 - by size: greedy, largest first, best-fit offset;
 - offline: plan_offline with its default strategies (what the scheduler's planner="offline" runs);
 - +search: plan_offline with that many extra randomized skyline passes.

@@ -10,7 +10,7 @@ one with planner="ggml" (byte-exact ggml_gallocr) and one with planner="offline"
   marks; `needed` in the plan, before the buffers' historical maximum);
 - lower bound: sum over buffers of the peak of simultaneously live bytes (same lifetimes);
 - ggml/LB, offline/LB: the two ratios;
-- ggml walk us/node: ggml's planning walk (§6.5) over the pp graph_copy, per node; the offline
+- ggml walk us/node: ggml's planning walk (ggml_gallocr_alloc_graph_impl) over the pp graph_copy, per node; the offline
   planner runs the same walk first, to learn the lifetimes;
 - offline us/node: plan_offline alone on the pp graph's merged lifetimes, per graph_copy node
   (both timings: minimum over --repeat runs);
@@ -65,8 +65,9 @@ def offline_plan_time(ctx: Context, repeat: int) -> float:
 
 
 def ggml_plan_time(ctx: Context, repeat: int) -> float | None:
-    """Seconds of ggml's planning walk (§6.5) over the last split graph, the minimum over ``repeat``
-    runs; None when the scheduler does not expose its graph_copy (the walk is then not timed)."""
+    """Seconds of ggml's planning walk (``ggml_gallocr_alloc_graph_impl``) over the last split graph, the
+    minimum over ``repeat`` runs; None when the scheduler does not expose its graph_copy (the walk is then
+    not timed)."""
     s = ctx.scheduler
     try:
         args = (s.graph_copy_nodes, s.graph_copy_leafs, s._node_ids, s._leaf_ids)
@@ -83,8 +84,9 @@ def ggml_plan_time(ctx: Context, repeat: int) -> float | None:
 def reserve_times(ctx: Context, repeat: int) -> tuple[float, float, float]:
     """(reuse ms, rebuild ms, rebuild's sched_new ms), each the minimum over ``repeat`` rounds.
 
-    Each round first grows max_nodes past the scheduler's (a new scheduler, §8), then goes back to
-    the original max_nodes (<= the scheduler's: it is kept). ctx ends at its original max_nodes.
+    Each round first grows max_nodes past the scheduler's (a new scheduler under llama.cpp #32009's reuse
+    rule), then goes back to the original max_nodes (<= the scheduler's: it is kept). ctx ends at its
+    original max_nodes.
     """
     m = ctx.events[-1].params.max_nodes
     reuse, rebuild, new = [], [], []

@@ -13,3 +13,11 @@ def artifacts_dir() -> Path:
     """test-artifacts/ at the repository root (screenshots, server logs); ignored by git."""
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     return ARTIFACTS_DIR
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print how many inputs each fuzz target tried (tests/fuzzcount.py collects them)."""
+    from fuzzcount import TRIED
+
+    for target, n in sorted(TRIED.items()):
+        terminalreporter.write_line(f"fuzz: {target}: {n} inputs tried")

@@ -11,6 +11,8 @@ from typing import Any
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES_JSON = DATA / "cases.json"
+# the second oracle's qwen3 and gemma3 cases, and the Llama-3.x-file oracle (observed fields trimmed)
+ARCH_CASES_JSON = (DATA / "cases-qwen3-gemma3.json", DATA / "cases-llama3.json")
 DUMPS = DATA / "sched-debug"
 
 
@@ -20,10 +22,15 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in cases():
+    for c in (*cases(), *arch_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
+
+
+@cache
+def arch_cases() -> list[dict[str, Any]]:
+    return [c for p in ARCH_CASES_JSON for c in json.loads(p.read_text())]
 
 
 _RESERVE = re.compile(r"graph_reserve: reserving a graph for ubatch with n_tokens =\s*(\d+), n_seqs =\s*(\d+), "
@@ -111,4 +118,6 @@ def fmt_size(n: int) -> str:
 
 
 def debug_case_ids() -> list[str]:
-    return sorted(p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt"))
+    """The dumps of every case (first oracle, qwen3/gemma3 and Llama-3.x files) that has one."""
+    ids = {c["id"] for c in (*cases(), *arch_cases())}
+    return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)

@@ -1,4 +1,4 @@
-"""Builders for the spec §10 setups (fake GPU align 128 + host CPU align 32), shared by sched tests."""
+"""Builders for the scheduler tests' setups (fake GPU align 128 + host CPU align 32), as measured on the C code."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from toolkit.sched import Scheduler
 
 
 def gpu(i: int = 0, **kw: object) -> Backend:
-    """§10 "GPU": align 128, not host, every op, own buft only, CUDA batch rule with threshold 32."""
+    """The fake "GPU": align 128, not host, every op, own buft only, CUDA batch rule with threshold 32."""
     return profiles.cuda_like(i, min_batch=32, **kw)  # type: ignore[arg-type]
 
 
 def cpu() -> Backend:
-    """§10 "CPU": last backend, host buft of alignment 32."""
+    """The "CPU": last backend, host buft of alignment 32."""
     return profiles.cpu()
 
 
@@ -35,7 +35,7 @@ def graph_of(*outs: Tensor, size: int = 2048) -> Graph:
 
 def reserve_then_alloc(s: Scheduler, build: Callable[[], Graph],
                        pins: Callable[[Scheduler, Graph], None] | None = None) -> tuple[Graph, Graph]:
-    """The §10 protocol: reserve graph A, reset, alloc_graph on an identical graph B."""
+    """The measuring protocol: reserve graph A, reset, alloc_graph on an identical graph B."""
     a = build()
     if pins:
         pins(s, a)

@@ -1,4 +1,5 @@
-"""Device profiles and buffer types (spec §1, §4, §6.9, §10 setups)."""
+"""Device profiles and buffer types: predicates, op-offload batch rule, CUDA's alloc_size padding, the
+scheduler tests' fake GPU and CPU."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def test_excluded_ops() -> None:
 def test_cuda_pads_quantized_rows() -> None:
     g = profiles.cuda_like(0)
     w = ops.new_tensor_2d(Q4_0, 96, 2, "w")
-    # §6.9: + row_size(type, 512 - ne0 % 512) for quantized rows that are not a multiple of 512
+    # ggml_backend_cuda_buffer_type_get_alloc_size: + row_size(type, 512 - ne0 % 512) for quantized rows
+    # that are not a multiple of 512
     assert g.buft.alloc_size(w) == w.nbytes + Q4_0.row_size(512 - 96)
     assert profiles.cpu().buft.alloc_size(w) == w.nbytes
 

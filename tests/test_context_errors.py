@@ -19,7 +19,7 @@ def _ctx() -> Context:
     ({"max_nodes": 77, "op_offload": False}, ("max_nodes=77", "too small", "capacity 77")),
     ({"devices": ("gpu",)}, ("unknown device 'gpu'", "known kinds")),
     ({"n_ubatch": 1024, "n_batch": 512}, ("n_ubatch=1024", "n_batch=512")),
-    ({"n_gpu_layers": -2}, ("n_gpu_layers=-2", ">= 0")),
+    ({"n_gpu_layers": -2}, ("n_gpu_layers=-2", "from 0")),
     ({"type_k": "q8_0", "type_v": "q8_0"}, ("q8_0", "block size 32", "n_embd_head_k=16")),
     ({"type_v": "q4_0"}, ("V cache type q4_0", "n_embd_head_v=16")),
     ({"n_ctxx": 5}, ("n_ctxx",)),

@@ -82,11 +82,13 @@ def test_reused_buffers_keep_their_historical_size() -> None:
 
 
 def test_split_capacities_carry_over_under_reuse() -> None:
-    """A split that grew its input capacity (spec §3.5, T5) keeps it in a reused scheduler."""
+    """A split that grew its input capacity (``ggml_backend_sched_split_graph`` pass 5) keeps it in a reused
+    scheduler."""
     ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="on", devices=("sim",)))
     s = ctx.scheduler
     gpu = ctx.backends[0]
-    # 29 single-input nodes, then one node with two new inputs: the capacity doubles (T5's variant)
+    # 29 single-input nodes, then one node with two new inputs: the capacity doubles
+    # (as in test_sched_vectors.py::test_split_inputs_capacity_grows_and_persists)
     acc = None
     g = Graph(1024)
     xs = []

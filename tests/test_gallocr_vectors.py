@@ -1,4 +1,5 @@
-"""Spec §10 dynamic-allocator vectors D1–D4 and the chunked-buffer vector T6 (measured on the C code)."""
+"""ggml-alloc's dynamic tensor allocator (``ggml_dyn_tallocr_alloc`` / ``ggml_dyn_tallocr_free_tensor``,
+called directly) and a chunked ``ggml_gallocr`` buffer: offsets and chunks measured on the real C code."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from toolkit.sched import AllocatorAbort, DynAllocator, GraphAllocator
 from toolkit.sched.dyn_alloc import MAX_FREE_BLOCKS, SIZE_MAX
 
 
-def test_d1_best_fit_tie_goes_to_later_block_and_merges() -> None:
+def test_best_fit_tie_goes_to_later_block_and_merges() -> None:
+    """Align 32, unlimited: two equal holes, the later one wins; freed neighbours merge."""
     a = DynAllocator(32)
     p, q, r, s, t = (a.alloc(n) for n in (100, 64, 100, 40, 100))
     assert [x[1] for x in (p, q, r, s, t)] == [0, 128, 192, 320, 384]
@@ -28,7 +30,9 @@ def test_d1_best_fit_tie_goes_to_later_block_and_merges() -> None:
     assert a.chunks[0].blocks()[0] == (64, 256)
 
 
-def test_d2_later_chunk_overrides_exact_fit() -> None:
+def test_later_chunk_overrides_exact_fit() -> None:
+    """Align 8, chunks of 64: best fit restarts per chunk, so a later chunk's fitting block beats
+    an exact fit in chunk 0; a 24-byte request that fits no hole opens chunk 2."""
     a = DynAllocator(8, 64)
     A, B, C, D = (a.alloc(n) for n in (8, 8, 8, 40))
     E, F, G, H = (a.alloc(n) for n in (32, 8, 16, 8))
@@ -43,7 +47,8 @@ def test_d2_later_chunk_overrides_exact_fit() -> None:
     assert a.chunk_sizes()[2] == 24 and a.chunks[2].blocks() == [(24, 40)]
 
 
-def test_d3_freed_hole_preferred() -> None:
+def test_freed_hole_preferred() -> None:
+    """Align 4, max 32: a freed hole is preferred to growing the chunk (max stays 28)."""
     a = DynAllocator(4, 32)
     x0 = a.alloc(24)
     assert a.alloc(4) == (0, 24)
@@ -52,7 +57,8 @@ def test_d3_freed_hole_preferred() -> None:
     assert a.max_size() == 28
 
 
-def test_d4_oversized_tensor_gets_its_own_chunk() -> None:
+def test_oversized_tensor_gets_its_own_chunk() -> None:
+    """Align 8, max 16: a 24-byte tensor gets a chunk of its own size; later tensors open new chunks."""
     a = DynAllocator(8, 16)
     assert a.alloc(24) == (0, 0)
     assert a.chunk_sizes() == (24,)
@@ -76,7 +82,10 @@ def test_free_block_limit_aborts() -> None:
             a.free(addr, 1)
 
 
-def test_t6_chunked_buffer() -> None:
+def test_chunked_buffer_reuse_scores() -> None:
+    """``ggml_gallocr`` on a buft of align 8, max size 32: ``x2 = concat(x0[4], x1[2])`` opens chunk 1,
+    ``x3 = scale(x2)`` is in place, and ``x4 = mean(x3)`` goes back to chunk 0 by the last-block reuse
+    score; total 48 (two chunks of 24)."""
     buft = BufferType("chunked", alignment=8, max_size=32, is_host=True)
     x0 = ops.new_tensor_1d(F32, 4, "x0")
     x1 = ops.new_tensor_1d(F32, 2, "x1")

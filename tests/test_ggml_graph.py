@@ -1,6 +1,7 @@
 """Graph building in ggml's order (build_forward_expand), names, capacity, text form.
 
-Node and leaf orders of T2 and T8 are the ones spec §10 measured on the real C code.
+Node and leaf orders of the two-backend MLP and of the view graph (the graphs of
+tests/test_sched_vectors.py) are the ones ``ggml_build_forward_expand`` gives in the real C code.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ def _names(ts: list[Tensor]) -> list[str]:
     return [t.name for t in ts]
 
 
-def _t2() -> Tensor:
+def _two_backend_mlp() -> Tensor:
+    """h0 = mul_mat(w0, x), a0 = silu(h0), h1 = mul_mat(w1, a0), a1 = silu(h1), o = add(a1, a0)."""
     w0 = ops.new_tensor_2d(F32, 16, 16, "w0")
     w1 = ops.new_tensor_2d(F32, 16, 16, "w1")
     x = ops.new_tensor_2d(F32, 16, 4, "x").set_input()
@@ -25,13 +27,13 @@ def _t2() -> Tensor:
     return ops.add(a1, a0).set_name("o").set_output()
 
 
-def test_spec_t2_order() -> None:
-    g = build_graph([_t2()])
+def test_two_backend_mlp_order() -> None:
+    g = build_graph([_two_backend_mlp()])
     assert _names(g.nodes) == ["h0", "a0", "h1", "a1", "o"]
     assert _names(g.leafs) == ["w1", "w0", "x"]
 
 
-def test_spec_t8_order_views_are_nodes() -> None:
+def test_view_graph_order_views_are_nodes() -> None:
     x = ops.new_tensor_1d(F32, 16, "x")
     a = ops.sqr(x).set_name("a")
     v = ops.view_1d(a, 8, 0).set_name("v")
@@ -47,7 +49,7 @@ def test_spec_t8_order_views_are_nodes() -> None:
 
 
 def test_sources_before_users_each_once() -> None:
-    g = build_graph([_t2()])
+    g = build_graph([_two_backend_mlp()])
     seen: set[int] = set(id(t) for t in g.leafs)
     for t in g.nodes:
         assert all(id(s) in seen for s in t.srcs)
@@ -56,7 +58,7 @@ def test_sources_before_users_each_once() -> None:
 
 
 def test_expand_twice_adds_nothing_and_counts_new_nodes() -> None:
-    out = _t2()
+    out = _two_backend_mlp()
     g = Graph(16)
     assert g.build_forward_expand(out) == 5
     assert g.build_forward_expand(out) == 0
@@ -83,7 +85,7 @@ def test_unnamed_tensors_get_position_names() -> None:
 
 
 def test_use_counts() -> None:
-    out = _t2()
+    out = _two_backend_mlp()
     g = build_graph([out])
     by_name = {t.name: t for t in g.nodes + g.leafs}
     assert g.use_count(by_name["a0"]) == 2  # h1 and o
@@ -115,7 +117,7 @@ def test_bad_size() -> None:
 
 
 def test_text_form_lists_index_op_name_shape_sources() -> None:
-    g = build_graph([_t2()])
+    g = build_graph([_two_backend_mlp()])
     lines = g.to_text(leafs=True).splitlines()
     assert lines[0].startswith("graph: 5 nodes, 3 leafs")
     node_lines = [ln for ln in lines if ln.startswith("node #")]

@@ -1,7 +1,8 @@
-"""``Tensor.nbytes`` (ggml_nbytes, spec §6.9) for every type, strided views and quantized rows.
+"""``Tensor.nbytes`` (``ggml_nbytes``) for every type, strided views and quantized rows.
 
 Expected values are measured: byte spans by numpy (tests/ggml_oracle.py), row sizes by the
-gguf package, and the numbers llama.cpp printed (spec §10, shared/oracle/cases.json).
+gguf package, and the numbers the real C code printed (the scheduler graphs of tests/test_sched_vectors.py and
+tests/test_gallocr_vectors.py, and llama.cpp's cases in tests/data/cases.json).
 """
 
 from __future__ import annotations
@@ -88,27 +89,27 @@ def test_any_layout_matches_numpy_span(layout: tuple[GGMLType, tuple[int, ...], 
 
 # ---- numbers printed by the real C code --------------------------------------------------
 
-def test_spec_t1_t6_t8_tensor_sizes() -> None:
-    # §10 T1: x[10] f32 is 40 bytes
+def test_sched_graph_tensor_sizes() -> None:
+    # single-CPU chain: x[10] f32 is 40 bytes
     assert ops.new_tensor_1d(F32, 10, "x").nbytes == 40
-    # §10 T6: x0[4] 16 bytes, x1[2] 8 bytes, concat 24 bytes, mean 4 bytes
+    # chunked buffer: x0[4] 16 bytes, x1[2] 8 bytes, concat 24 bytes, mean 4 bytes
     x0, x1 = ops.new_tensor_1d(F32, 4, "x0"), ops.new_tensor_1d(F32, 2, "x1")
     x2 = ops.concat(x0, x1, 0)
     assert (x0.nbytes, x1.nbytes, x2.nbytes, ops.mean(ops.scale(x2, 2.0)).nbytes) == (16, 8, 24, 4)
-    # §10 T8: x[16] is 64 bytes, r = scale(view_1d(a, 8, 0)) is 32 bytes
+    # view graph: x[16] is 64 bytes, r = scale(view_1d(a, 8, 0)) is 32 bytes
     x = ops.new_tensor_1d(F32, 16, "x")
     r = ops.scale(ops.view_1d(ops.sqr(x), 8, 0), 1.0)
     assert (x.nbytes, r.nbytes) == (64, 32)
 
 
-def test_spec_t2b_weight_copy() -> None:
-    # §10 T2b: the copy of w1[16x16] f32 is 1024 bytes
+def test_offloaded_weight_copy_size() -> None:
+    # two-backend MLP with op offload: the copy of the host weight w1[16x16] f32 is 1024 bytes
     assert ops.new_tensor_2d(F32, 16, 16, "w1").nbytes == 1024
 
 
 # KV caches: llama.cpp's size_k_bytes is the sum over layers of ggml_nbytes(k_l), k_l being
 # [n_embd_k_gqa, kv_size] of type_k (n_embd_k_gqa = n_embd_head * n_head_kv). Case ids and
-# values from shared/oracle/cases.json.
+# values from tests/data/cases.json.
 @pytest.mark.parametrize(
     ("case", "type_k", "n_layer", "n_embd_k_gqa", "kv_size", "size_k_bytes"),
     [

@@ -1,4 +1,5 @@
-"""Views (§3.0): flattening onto the base tensor, permute/transpose strides, contiguity, names."""
+"""Views (``ggml_view_*``, ``ggml_reshape_*``, ``ggml_permute``, ``ggml_transpose``):
+flattening onto the base tensor, permute/transpose strides, contiguity, names."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from oracle_cases import cases
 
+from toolkit.errors import ParameterError
 from toolkit.models import ContextParams, LlamaHParams, presets
 
 
@@ -28,15 +29,28 @@ def test_n_ctx_is_padded_to_256_and_zero_means_train() -> None:
 
 @pytest.mark.parametrize(("kw", "words"), [
     ({"n_ubatch": 1024, "n_batch": 512}, ("n_ubatch=1024", "n_batch=512")),
-    ({"n_gpu_layers": -1}, ("n_gpu_layers=-1", ">= 0")),
+    ({"n_gpu_layers": -1}, ("n_gpu_layers=-1", "from 0")),
     ({"flash_attn": "maybe"}, ("flash_attn='maybe'",)),
     ({"n_seq_max": 0}, ("n_seq_max=0",)),
     ({"split_mode": "rows"}, ("split_mode='rows'",)),
     ({"type_k": "q9_9"}, ("q9_9",)),
-    ({"tensor_split": (1.0, -1.0)}, ("tensor_split", "negative")),
+    ({"tensor_split": (1.0, -1.0)}, ("tensor_split[1]=-1.0", ">= 0.0")),
+    # wrong types are refused, not coerced (a string is truthy, True is 1)
+    ({"op_offload": "no"}, ("op_offload='no'", "True or False")),
+    ({"kv_unified": 1}, ("kv_unified=1", "True or False")),
+    ({"n_ctx": True}, ("n_ctx=True", "an integer")),
+    ({"n_ctx": 4096.0}, ("n_ctx=4096.0", "an integer")),
+    ({"n_ctx": "4096"}, ("n_ctx='4096'", "an integer")),
+    ({"n_ctx": 2**32}, ("n_ctx=4294967296", "to 4294967295")),
+    ({"n_seq_max": 257}, ("n_seq_max=257", "from 1 to 256")),
+    ({"flash_attn": True}, ("flash_attn=True", "'on'")),
+    ({"tensor_split": (1.0, float("nan"))}, ("tensor_split[1]=nan", "finite")),
+    ({"tensor_split": "1,1"}, ("tensor_split='1,1'", "list")),
+    ({"devices": "cuda"}, ("devices='cuda'", "list")),
+    ({"n_outputs_max": 0}, ("n_outputs_max=0", "None")),
 ])
 def test_bad_values_name_the_value_and_the_limit(kw: dict, words: tuple[str, ...]) -> None:
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ParameterError) as e:
         ContextParams(**kw).resolve(4096)
     for w in words:
         assert w in str(e.value)

@@ -1,9 +1,10 @@
-"""The compute loop's order (spec §5.3) and its callback hooks (§5.4)."""
+"""The compute loop's order (``ggml_backend_sched_compute_splits``) and its callback hooks
+(``ggml_backend_sched_set_eval_callback``, ``set_copy_callback``)."""
 
 from __future__ import annotations
 
 from sched_fixtures import graph_of, weight
-from test_sched_vectors import _t2
+from test_sched_vectors import _two_backend_mlp
 
 from toolkit.backend import profiles
 from toolkit.ggml import F32, Tensor, ops
@@ -24,7 +25,7 @@ def _recorder() -> tuple[list[tuple[str, ...]], object, object]:
 
 
 def test_splits_run_in_order_with_their_copies() -> None:
-    s = _t2(4, True)   # GPU: h0, a0 | CPU: h1, a1, o
+    s = _two_backend_mlp(4, True)   # GPU: h0, a0 | CPU: h1, a1, o
     log, copy, compute = _recorder()
     steps = s.compute_splits(copy, compute)  # type: ignore[arg-type]
     assert log == [
@@ -35,7 +36,7 @@ def test_splits_run_in_order_with_their_copies() -> None:
 
 
 def test_events_recorded_with_pipeline_copies() -> None:
-    s = _t2(4, True, parallel=True)
+    s = _two_backend_mlp(4, True, parallel=True)
     _, copy, compute = _recorder()
     kinds = [(st.kind, st.backend) for st in s.compute_splits(copy, compute)]  # type: ignore[arg-type]
     assert ("wait", 0) in kinds and ("record", 0) in kinds
@@ -43,7 +44,7 @@ def test_events_recorded_with_pipeline_copies() -> None:
 
 
 def test_eval_callback_batches_unwanted_nodes_and_can_cancel() -> None:
-    s = _t2(4, True)
+    s = _two_backend_mlp(4, True)
     log, copy, compute = _recorder()
     asked: list[tuple[str, bool]] = []
 

@@ -1,4 +1,5 @@
-"""Host metadata of sched_new (spec §2.3; table and graph_overhead values of §10, checked on the C code)."""
+"""Host metadata of ``ggml_backend_sched_new`` (hash set, per-node arrays, context buffer); the table and the
+``ggml_graph_overhead`` values are checked on the C code."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def test_graph_too_large_names_counts_and_capacity() -> None:
 
 
 def test_null_key_of_pass3_needs_one_more_slot() -> None:
-    """A constant leaf read by an unassigned node makes pass 3 hash the null view_src (§3.3)."""
+    """A constant leaf read by an unassigned node makes pass 3 hash the null view_src
+    (``ggml_backend_sched_split_graph``'s best-inputs count looks up ``src->view_src``)."""
     s = Scheduler([profiles.cpu()], None, 2, False, True)  # hash capacity 2
     x = ops.new_tensor_1d(F32, 4, "const")
     g = Graph(8)

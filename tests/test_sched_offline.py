@@ -123,8 +123,8 @@ def test_disjoint_lifetimes_share_offset_zero() -> None:
 
 
 def test_a_node_and_its_parent_conflict_at_the_shared_position() -> None:
-    # inclusive lifetimes: parent [0, 1] and child [1, 2] are both live at node 1 (§6.5 frees
-    # parents after the child is allocated), so they cannot share bytes
+    # inclusive lifetimes: parent [0, 1] and child [1, 2] are both live at node 1
+    # (ggml_gallocr_alloc_graph_impl frees parents after the child is allocated), so they cannot share bytes
     offsets, total = plan_offline([Interval(64, 0, 1), Interval(64, 1, 2)])
     assert total == 128 and sorted(offsets) == [0, 64]
 

@@ -10,7 +10,7 @@ from toolkit.sched.plan import Plan, TensorAlloc
 
 
 def chain_roots(allocs: list[TensorAlloc]) -> list[int]:
-    """Index of the tensor whose memory each alloc's in-place chain (§6.5) reuses.
+    """Index of the tensor whose memory each alloc's in-place chain (``ggml_gallocr_allocate_node``) reuses.
 
     ggml names repeat (llama names the raw norm and its weighted product alike), so a parent is
     the latest earlier-allocated tensor of that name.

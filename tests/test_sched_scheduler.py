@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from sched_fixtures import cpu, gpu, graph_of, reserve_then_alloc, weight
-from test_sched_vectors import _t2, _t9_build
+from test_sched_vectors import _llama_like_build, _two_backend_mlp
 
 from toolkit.backend import Buffer, BufferType, profiles
 from toolkit.ggml import F32, Graph, ops
@@ -15,11 +15,11 @@ from toolkit.sched import Scheduler, SchedulerAbort
 def test_budget_makes_reserve_fail() -> None:
     g0, g1, c = profiles.simulated(0, budget=49152 - 1, min_batch=32), gpu(1), cpu()
     s = Scheduler([g0, g1, c], None, 2048, False, True)
-    assert not s.reserve(_t9_build(g0, g1, c, 64)[0])
+    assert not s.reserve(_llama_like_build(g0, g1, c, 64)[0])
     assert s.warnings[-1] == "failed to allocate SIM0 buffer of size 49152"
     s.reset()
     g0.buft.alloc_limit = 49152
-    assert s.reserve(_t9_build(g0, g1, c, 64)[0])
+    assert s.reserve(_llama_like_build(g0, g1, c, 64)[0])
     assert g0.buft.in_use == 49152 and s.buffer_size(0) == 49152
     s.free()
     assert g0.buft.in_use == 0
@@ -38,7 +38,7 @@ def test_reserve_size_allocates_nothing_and_does_not_dedup() -> None:
 
 
 def test_copy_rotation_and_events() -> None:
-    s = _t2(4, True, parallel=True)     # reserve, reset, alloc_graph
+    s = _two_backend_mlp(4, True, parallel=True)     # reserve, reset, alloc_graph
     assert s.cur_copy == 0 and s.next_copy == 1
     assert s.events[0][0] is not None   # CUDA-like devices have events
     assert s.events[1] == [None] * 4    # the CPU has none
@@ -58,7 +58,7 @@ def test_copy_rotation_and_events() -> None:
 
 
 def test_graph_copy_shape_with_copies() -> None:
-    s = _t2(4, True, parallel=True)
+    s = _two_backend_mlp(4, True, parallel=True)
     n_inputs = sum(sp.n_inputs for sp in s.splits)
     assert len(s.graph_copy_nodes) == 5 + 2 * n_inputs
     assert len(s.graph_copy_leafs) == 3 + 4 * (s.n_graph_inputs + n_inputs)
@@ -67,7 +67,7 @@ def test_graph_copy_shape_with_copies() -> None:
 
 
 def test_alloc_graph_assigns_addresses_and_needs_reset() -> None:
-    s = _t2(4, True)
+    s = _two_backend_mlp(4, True)
     g = s._graph
     assert g is not None
     h1 = next(t for t in g.nodes if t.name == "h1")
@@ -85,7 +85,7 @@ def test_single_buffer_alloc_graph_re_reserves_itself() -> None:
     s.reset()
     y = ops.new_tensor_1d(F32, 100, "y").set_input()
     assert s.alloc_graph(graph_of(ops.mul(y, ops.sqr(y)).set_output(), size=64))
-    assert s.buffer_size(0) == 832   # T7's n = 100 plan
+    assert s.buffer_size(0) == 832   # the n = 100 plan of test_buffers_never_shrink
 
 
 def test_pins_survive_until_reset() -> None:
@@ -119,7 +119,7 @@ def test_preallocated_tensor_nobody_can_run_aborts() -> None:
 
 
 def test_plan_snapshot_survives_reset() -> None:
-    s = _t2(64, True)
+    s = _two_backend_mlp(64, True)
     p = s.plan()
     assert p.n_splits == 2 and p.n_nodes == 5 and p.graph_copy_nodes == len(s.graph_copy_nodes)
     bufs = {b.buft: b for b in p.buffers}
@@ -131,7 +131,7 @@ def test_plan_snapshot_survives_reset() -> None:
 def test_offline_planner_never_worse_than_lower_bound() -> None:
     g0, g1, c = gpu(0), gpu(1), cpu()
     s = Scheduler([g0, g1, c], None, 2048, False, True, planner="offline")
-    reserve_then_alloc(s, lambda: _t9_build(g0, g1, c, 64)[0])
+    reserve_then_alloc(s, lambda: _llama_like_build(g0, g1, c, 64)[0])
     p = s.plan()
     for b in p.buffers:
         assert b.lower_bound is not None and b.lower_bound <= b.needed
@@ -144,7 +144,7 @@ def test_unknown_planner() -> None:
 
 
 def test_graph_inputs_named_by_backend() -> None:
-    s = _t2(4, True)
+    s = _two_backend_mlp(4, True)
     names = [t.name for t in s.graph_copy_nodes]
     assert names[:2] == ["x (view)", "CUDA0#x#0"]
     assert isinstance(s._graph, Graph)

@@ -1,4 +1,11 @@
-"""Spec §10 test vectors T1–T10 (measured against the real C code): exact bytes and split counts."""
+"""Small scheduler graphs measured on the real C code (``ggml_backend_sched_reserve``, ``reset``,
+``ggml_backend_sched_alloc_graph``, then ``ggml_backend_sched_get_buffer_size`` per backend): exact
+bytes, offsets and split counts.
+
+Unless a test says otherwise the backends are the fixtures of ``sched_fixtures``: a fake GPU (align
+128, not host, CUDA batch rule with threshold 32) and the CPU (host buft, align 32); tensors are
+f32, weights sit in their backend's buft with usage WEIGHTS, inputs are flagged INPUT.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,11 @@ from toolkit.ggml import F32, I32, Graph, ops
 from toolkit.sched import Cause, Scheduler
 
 
-# ---- T1 ---------------------------------------------------------------------------------
-def test_t1_single_cpu_chain() -> None:
+# ---- one CPU backend, a chain -----------------------------------------------------------
+def test_single_cpu_chain_reuses_in_place() -> None:
+    """One CPU backend: ``x[10]``, ``a = scale(x)``, ``b = sqr(a)``, ``m = mul(a, b)``, ``r = sum_rows(m)``.
+
+    a takes x's slot in place (x has one child), m takes a's slot in place: CPU = 128, 1 split."""
     s = Scheduler([cpu()], None, 64, False, True)
 
     def build() -> Graph:
@@ -32,8 +42,10 @@ def test_t1_single_cpu_chain() -> None:
     assert allocs["node_3"] == (64, None)        # r
 
 
-# ---- T2 ---------------------------------------------------------------------------------
-def _t2(T: int, op_offload: bool, parallel: bool = False) -> Scheduler:
+# ---- two backends (GPU, CPU), one weight on each ----------------------------------------
+def _two_backend_mlp(T: int, op_offload: bool, parallel: bool = False) -> Scheduler:
+    """GPU + CPU, w0[16x16] on the GPU, w1[16x16] on the CPU: ``h0 = mul_mat(w0, x[16xT])``,
+    ``a0 = silu(h0)``, ``h1 = mul_mat(w1, a0)``, ``a1 = silu(h1)``, ``o = add(a1, a0)``."""
     g0, c = gpu(), cpu()
     s = Scheduler([g0, c], None, 2048, parallel, op_offload)
 
@@ -55,8 +67,9 @@ def _t2(T: int, op_offload: bool, parallel: bool = False) -> Scheduler:
     return s
 
 
-def test_t2a_no_offload_small_batch() -> None:
-    s = _t2(4, True)
+def test_two_backends_small_batch_not_offloaded() -> None:
+    """T=4 < the offload threshold 32: GPU [h0, a0], CPU [h1, a1, o]; o reuses a0's copy made for h1."""
+    s = _two_backend_mlp(4, True)
     assert s.n_splits == 2
     assert [(sp.backend_id, sp.i_start, sp.i_end) for sp in s.splits] == [(0, 0, 2), (1, 2, 5)]
     assert (s.buffer_size(0), s.buffer_size(1)) == (512, 512)
@@ -68,8 +81,9 @@ def test_t2a_no_offload_small_batch() -> None:
     assert [i.name for i in p.splits[1].inputs] == ["a0"]
 
 
-def test_t2b_offload_large_batch() -> None:
-    s = _t2(64, True)
+def test_two_backends_large_batch_offloads_host_weight() -> None:
+    """T=64: h1 is op-offloaded; the host weight w1 becomes an input and starts a new GPU split."""
+    s = _two_backend_mlp(64, True)
     assert s.n_splits == 2
     assert [s.backends[sp.backend_id].name for sp in s.splits] == ["CUDA0", "CUDA0"]
     assert (s.buffer_size(0), s.buffer_size(1)) == (12288, 4096)
@@ -80,23 +94,28 @@ def test_t2b_offload_large_batch() -> None:
     assert offs[("CUDA0", "CUDA0#w1#0")] == 0 and offs[("CUDA0", "h1")] == 8192
 
 
-def test_t2c_offload_off() -> None:
-    s = _t2(64, False)
+def test_two_backends_op_offload_off() -> None:
+    """T=64 with op offload off: h1 stays with its weight on the CPU."""
+    s = _two_backend_mlp(64, False)
     assert s.n_splits == 2
     assert [s.backends[sp.backend_id].name for sp in s.splits] == ["CUDA0", "CPU"]
     assert (s.buffer_size(0), s.buffer_size(1)) == (8192, 8192)
 
 
-def test_t2d_parallel_copies() -> None:
-    s = _t2(4, True, parallel=True)
+def test_two_backends_parallel_input_copies() -> None:
+    """T=4 with pipeline parallelism: 4 persistent copies of each graph and split input."""
+    s = _two_backend_mlp(4, True, parallel=True)
     assert s.n_copies == 4 and s.n_splits == 2
     assert (s.buffer_size(0), s.buffer_size(1)) == (1280, 2304)
     offs = {(a.buft, a.name): a.offset for a in s.plan().allocs}
     assert offs[("CPU", "h1")] == 2048 and offs[("CUDA0", "h0")] == 1024
 
 
-# ---- T3 ---------------------------------------------------------------------------------
-def test_t3_gpu_lacks_sqr() -> None:
+# ---- a GPU that lacks an op -------------------------------------------------------------
+def test_gpu_lacking_sqr_splits_three_ways() -> None:
+    """The GPU lacks SQR: ``h = mul_mat(w0, x)``, ``q = sqr(h)``, ``t = scale(q)``, ``o = add(t, h)``.
+
+    Pass 3 picks the CPU for q (best inputs); 3 splits GPU [h], CPU [q], GPU [t, o]."""
     g0, c = gpu(excluded_ops=["SQR"]), cpu()
     s = Scheduler([g0, c], None, 2048, False, True)
 
@@ -118,8 +137,10 @@ def test_t3_gpu_lacks_sqr() -> None:
     assert (s.buffer_size(0), s.buffer_size(1)) == (256, 128)
 
 
-# ---- T4 ---------------------------------------------------------------------------------
-def test_t4_blas_shares_cpu_buft() -> None:
+# ---- BLAS sharing the CPU's buft --------------------------------------------------------
+def test_blas_shares_cpu_buft() -> None:
+    """A BLAS-like backend and the CPU share one host buft: ``h = mul_mat(w, x)``, ``a = silu(h)``,
+    ``h2 = mul_mat(w, a)``; 3 splits without inputs, one de-duplicated buffer."""
     c = cpu()
     blas = profiles.blas_like(c)
     s = Scheduler([blas, c], None, 2048, False, True)
@@ -141,8 +162,11 @@ def test_t4_blas_shares_cpu_buft() -> None:
     assert (offs["x"], offs["h"], offs["a"], offs["h2"]) == (0, 64, 64, 0)
 
 
-# ---- T5 ---------------------------------------------------------------------------------
-def _t5_graph(g0, c, variant: bool) -> Graph:  # type: ignore[no-untyped-def]
+# ---- split-input capacity ----------------------------------------------------------------
+def _split_inputs_graph(g0, c, variant: bool) -> Graph:  # type: ignore[no-untyped-def]
+    """35 GPU weights w_i[4] and CPU inputs x_i[4]: ``y_i = mul(x_i, w_i)``, ``acc = add(acc, y_i)``.
+
+    The variant adds ``xx`` to x29, so one node brings two new inputs while the split holds 29."""
     acc = None
     for i in range(35):
         w = weight(g0, f"w{i}", 4)
@@ -156,32 +180,36 @@ def _t5_graph(g0, c, variant: bool) -> Graph:  # type: ignore[no-untyped-def]
     return graph_of(acc.set_output())
 
 
-def test_t5_split_input_capacity() -> None:
+def test_split_inputs_capacity_forces_new_split() -> None:
+    """The 31st new input starts a new split on the same backend: 2 splits of 30 + 5 inputs."""
     g0, c = gpu(), cpu()
     s = Scheduler([g0, c], None, 2048, False, True)
-    reserve_then_alloc(s, lambda: _t5_graph(g0, c, False))
+    reserve_then_alloc(s, lambda: _split_inputs_graph(g0, c, False))
     assert s.n_splits == 2
     assert [sp.n_inputs for sp in s.splits] == [30, 5]
     assert (s.buffer_size(0), s.buffer_size(1)) == (3840, 1120)
 
 
-def test_t5_variant_grows_capacity_and_persists() -> None:
+def test_split_inputs_capacity_grows_and_persists() -> None:
+    """Two new inputs at 29 grow the capacity from 30 to 60 (1 split); the grown capacity persists
+    in the split slot when the first graph is planned again on the same scheduler."""
     g0, c = gpu(), cpu()
     s = Scheduler([g0, c], None, 2048, False, True)
-    reserve_then_alloc(s, lambda: _t5_graph(g0, c, True))
+    reserve_then_alloc(s, lambda: _split_inputs_graph(g0, c, True))
     assert "increasing split inputs capacity from 30 to 60" in s.warnings
     assert s.n_splits == 1
     assert (s.buffer_size(0), s.buffer_size(1)) == (4608, 1152)
     # the first graph again, on the same scheduler: the capacity persisted, buffers did not shrink
     s.reset()
-    reserve_then_alloc(s, lambda: _t5_graph(g0, c, False))
+    reserve_then_alloc(s, lambda: _split_inputs_graph(g0, c, False))
     assert s.n_splits == 1
     assert s.buffer_size(0) == 4608
     assert s.split_capacities[0] == 60
 
 
-# ---- T7 ---------------------------------------------------------------------------------
-def test_t7_buffers_never_shrink() -> None:
+# ---- buffers only grow ------------------------------------------------------------------
+def test_buffers_never_shrink() -> None:
+    """CPU, ``y = sqr(x)``, ``z = mul(x, y)`` reserved at n = 100, 10, 200: 832, 832 (kept), 1600."""
     s = Scheduler([cpu()], None, 64, False, True)
     for n, want in ((100, 832), (10, 832), (200, 1600)):
         x = ops.new_tensor_1d(F32, n, "x").set_input()
@@ -192,8 +220,10 @@ def test_t7_buffers_never_shrink() -> None:
         s.reset()
 
 
-# ---- T8 ---------------------------------------------------------------------------------
-def test_t8_views() -> None:
+# ---- views ------------------------------------------------------------------------------
+def test_views_never_reused_in_place() -> None:
+    """CPU: ``a = sqr(x)``, ``v = view_1d(a, 8, 0)``, ``r = scale(v)``, ``s = sum(r)``, ``b = exp(x)``,
+    ``m = sum(b)``, ``o = add(s, m)``; r cannot reuse v or a in place (a view is never own): CPU = 160."""
     s = Scheduler([cpu()], None, 64, False, True)
 
     def build() -> Graph:
@@ -215,8 +245,11 @@ def test_t8_views() -> None:
     assert offs["b"] == (0, "x") and offs["m"] == (96, None) and offs["o"] == (64, "s")
 
 
-# ---- T9 / T10 ---------------------------------------------------------------------------
-def _t9_build(g0, g1, c, T: int):  # type: ignore[no-untyped-def]
+# ---- a llama-like graph on three backends -------------------------------------------------
+def _llama_like_build(g0, g1, c, T: int):  # type: ignore[no-untyped-def]
+    """GPU0, GPU1, CPU: tok_embd on the CPU, layer 0 on GPU0, layer 1 and the output on GPU1; per layer
+    ``norm_raw = rms_norm(cur)``, ``norm = mul(norm_raw, w_norm)``, ``ffn = mul_mat(w, norm)``,
+    ``act = silu(ffn)``, ``l_out = add(act, cur)``; then ``logits = mul_mat(output, l_out-1)``."""
     E, V = 64, 100
     tok = weight(c, "tok_embd", E, V)
     layers = [(weight(g0, "blk0.w", E, E), weight(g0, "blk0.norm", E)),
@@ -241,10 +274,11 @@ def _t9_build(g0, g1, c, T: int):  # type: ignore[no-untyped-def]
     (64, False, (49152, 49152, 16640)),
     (64, True, (98304, 189440, 17408)),
 ])
-def test_t9_llama_like_three_backends(T: int, parallel: bool, sizes: tuple[int, int, int]) -> None:
+def test_llama_like_three_backends(T: int, parallel: bool, sizes: tuple[int, int, int]) -> None:
+    """norm_raw-1 is expanded down from layer 0 onto GPU0, so the GPU1 split has 2 inputs."""
     g0, g1, c = gpu(0), gpu(1), cpu()
     s = Scheduler([g0, g1, c], None, 2048, parallel, True)
-    reserve_then_alloc(s, lambda: _t9_build(g0, g1, c, T)[0])
+    reserve_then_alloc(s, lambda: _llama_like_build(g0, g1, c, T)[0])
     assert s.n_splits == 3
     assert tuple(s.buffer_size(i) for i in range(3)) == sizes
     p = s.plan()
@@ -252,13 +286,15 @@ def test_t9_llama_like_three_backends(T: int, parallel: bool, sizes: tuple[int, 
     assert [i.name for i in p.splits[2].inputs] == ["norm_raw-1", "l_out-0"]
 
 
-def test_t10_llama_norm_pin() -> None:
+def test_llama_norm_pin_removes_cross_gpu_input() -> None:
+    """The llama graph callback's pin (``set_tensor_backend`` of norm_raw-il to layer il's GPU): the GPU1
+    split keeps 1 input (l_out-0); sizes are unchanged."""
     g0, g1, c = gpu(0), gpu(1), cpu()
     s = Scheduler([g0, g1, c], None, 2048, False, True)
     built: dict[str, list] = {}
 
     def build() -> Graph:
-        g, norms = _t9_build(g0, g1, c, 1)
+        g, norms = _llama_like_build(g0, g1, c, 1)
         built["norms"] = norms
         return g
 

@@ -85,7 +85,8 @@ def test_elementwise_and_matmul_mapping() -> None:
 
 
 def test_inplace_ops_only_on_elementwise_nodes() -> None:
-    """Every node the allocator may compute in place has src0 of its own type and shape (§6.5)."""
+    """Every node the allocator may compute in place has src0 of its own type and shape
+    (``ggml_gallocr_allocate_node``'s in-place rule)."""
 
     def f(x, y):
         a = jnp.exp(x) + y[None, :]             # broadcast add: the full operand is src0
@@ -282,7 +283,7 @@ def test_schedule_and_run_in_process_single_device() -> None:
     for mode in ("eager", "jit"):
         np.testing.assert_allclose(np.asarray(sch.run(x, mode=mode)), np.asarray(ref), rtol=1e-6, atol=1e-6)
     assert sch.last_run is not None and len(sch.last_run.splits) == sch.n_splits
-    # a second schedule splits a fresh build (splitting mutates a graph, §3)
+    # a second schedule splits a fresh build (ggml_backend_sched_split_graph mutates a graph)
     again = tr.schedule()
     assert again.built.graph is not sch.built.graph and again.splits == sch.splits
     assert isinstance(sch.built.graph.nodes[0].extra, Step)

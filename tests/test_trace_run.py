@@ -68,7 +68,7 @@ def test_integer_gather_is_get_rows_on_the_weights_backend(results: dict[str, An
     r = results["gather"]
     assert "GET_ROWS" in r["ggml_ops"]
     gathers = [n for n in r["backend_of"] if n.startswith("gather")]
-    assert gathers and all(r["backend_of"][n] == "CPU" for n in gathers)  # never offloaded (§4)
+    assert gathers and all(r["backend_of"][n] == "CPU" for n in gathers)  # GET_ROWS: never offloaded
 
 
 def test_lacking_primitive_moves_nodes_off_the_device(results: dict[str, Any]) -> None:
@@ -84,7 +84,7 @@ def test_op_offload_batch_rule(results: dict[str, Any]) -> None:
     mm_on = [n for n in on["backend_of"] if n.startswith("dot_general")]
     assert all(on["backend_of"][n] == "SIM0" for n in mm_on)
     assert set(off["backend_of"].values()) == {"CPU"} and off["split_backends"] == ["CPU"]
-    # one split per offloaded host weight once the split has inputs (§3.5)
+    # one split per offloaded host weight once the split has inputs (``ggml_backend_sched_split_graph`` pass 5)
     assert on["split_backends"] == ["SIM0", "SIM0"]
 
 

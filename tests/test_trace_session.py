@@ -1,4 +1,5 @@
-"""TracedContext: a traced MLP keeps or rebuilds its scheduler by the seed's rule (#32009, §8).
+"""TracedContext: a traced MLP keeps or rebuilds its scheduler by the rule of llama.cpp #32009
+(``llama_context::sched_new``).
 
 The expected decision is computed here from the rule as the seed diff states it (same
 ``parallel``, same ``op_offload``, ``max_nodes`` not larger than the held scheduler's), not
@@ -211,7 +212,7 @@ def test_placement_change_keeps_the_scheduler() -> None:
 
 
 def test_budget_too_small_for_pipeline_parallelism_falls_back() -> None:
-    """§7.5: a failed allocation with pipeline parallelism retries without it."""
+    """``llama_context::sched_reserve``: a failed allocation with pipeline parallelism retries without it."""
     ctx = make_ctx()
     plain = ctx.events[-1].buffers[0].allocated           # SIM0 without pipelining (measured)
     pipelined = ctx.update(parallel=True).buffers[0].allocated

@@ -102,7 +102,7 @@ CHANGES = st.one_of(
 def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]]) -> None:
     ctx = make_context("tiny")
     dash = Dashboard(ctx, debounce_s=0)
-    auto = max(1024, 8 * ctx.setup.model.n_tensors)     # graph_max_nodes for llama (§7.2)
+    auto = max(1024, 8 * ctx.setup.model.n_tensors)     # llama_context::graph_max_nodes for llama
     held = ctx.events[-1].params                         # what the live scheduler was built with
     for key, value in changes:
         if dash.controls[key].value == value:
@@ -148,7 +148,8 @@ def test_memory_budget_makes_the_fallback_visible() -> None:
     dash = Dashboard(make_context("small", "sim:2"), debounce_s=0)
     assert dash.controls["devices"].value == "sim:2" and dash.controls["model"].value == "small"
     assert dash.ctx.events[-1].pipeline_parallel and dash.controls["parallel"].value
-    # 75 MiB per device: too small for 4 pipeline copies, enough without them (§7.5)
+    # 75 MiB per device: too small for 4 pipeline copies, enough without them
+    # (llama_context::sched_reserve's fallback)
     dash.controls["budget_mib"].value = 75
     ev = dash.ctx.events[-1]
     assert dash.error is None and ev.decision == "fallback"

@@ -181,10 +181,10 @@ def all_cases() -> list[dict[str, Any]]:
         # SIM0 lacks exp and rsqrt: those nodes must leave it (pass 2 does not expand onto it)
         run_case("transformer_lacking", transformer_block, params_for("transformer"), (x32, pos), 0,
                  lacking_on_sim0=("exp", "rsqrt")),
-        # weights in host memory, batch 8 >= min_batch 8: the MUL_MATs are offloaded to SIM0 (§4)
+        # weights in host memory, batch 8 >= min_batch 8: the MUL_MATs are offloaded to SIM0 (op offload)
         run_case("mlp_offload", mlp, params_for("mlp"), (x32,), -1, min_batch=8),
         run_case("mlp_no_offload", mlp, params_for("mlp"), (x32,), -1, min_batch=8, op_offload=False),
-        # pipeline parallelism: 4 copies of inputs (§5)
+        # pipeline parallelism: 4 copies of inputs (GGML_SCHED_MAX_COPIES)
         run_case("attention_parallel", attention, params_for("attention"), (x32,), {"wq": 0, "wk": 0, "*": 1},
                  parallel=True),
     ]

@@ -230,11 +230,11 @@ class Context(SchedulerOwner):
 
     @property
     def kv_buffers_bytes(self) -> dict[str, int]:
-        return dict(self.setup.kv.buffers_bytes)
+        return self.setup.kv_buffers_bytes()
 
     @property
     def kv_bytes(self) -> int:
-        return self.setup.kv.total_bytes
+        return sum(c.total_bytes for c in self.setup.kv_caches)
 
     @property
     def output_buffer_bytes(self) -> dict[str, int]:
@@ -304,6 +304,9 @@ class Context(SchedulerOwner):
         params = SchedParams(self._max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
         r = self._begin_reserve(params, extra_reasons)
+        if self.setup.warnings and not self.setup.warned:
+            r.warnings += self.setup.warnings   # logged once, when the memory is created
+            self.setup.warned = True
         # resolve_fused_ops: split-only probes (flash attention only when auto)
         if not self._fa_resolved:
             self._resolve_flash_attn(n_seqs, r.warnings)
@@ -331,7 +334,8 @@ class Context(SchedulerOwner):
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
         return self._record(
             r, trigger, needed_tg, timings,
-            kv_bytes=self.kv_buffers_bytes, model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
+            kv_bytes=self.setup.kv_buffers_by_cache(),
+            model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
             pipeline_parallel=self.pipeline_parallel)
 

@@ -92,19 +92,16 @@ def _tail(path: Path, n: int = 40) -> str:
         return "(no log)"
 
 
-@pytest.fixture(scope="session")
-def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -> Iterator[LabServer]:
-    root = tmp_path_factory.mktemp("lab")
-    workdir = root / "work"
-    shutil.copytree(NOTEBOOKS_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    # "Would you like to receive official Jupyter news?" would cover the page: turn it off (and
-    # the update check) for every user with an app-level settings override
+def isolated_lab_env(root: Path) -> tuple[dict[str, str], Path]:
+    """Private Jupyter dirs under ``root`` and an app-settings dir for ``--LabApp.app_settings_dir``.
+
+    The settings turn off "Would you like to receive official Jupyter news?" (it would cover the
+    page) and the update check, and render every cell (JupyterLab's windowing empties the prompts
+    of cells scrolled out of view, which the Run All loop reads)."""
     settings = root / "app-settings"
     settings.mkdir()
     (settings / "overrides.json").write_text(json.dumps({
         "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
-        # render every cell: JupyterLab's windowing empties the prompts of cells scrolled out of
-        # view, which the Run All loop below reads
         "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
     }))
     env = dict(os.environ)
@@ -113,6 +110,41 @@ def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -
         ("JUPYTERLAB_SETTINGS_DIR", "user-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
     ]:
         env[var] = str(root / sub)
+    return env, settings
+
+
+def wait_ready(proc: subprocess.Popen[Any], url: str, token: str, log: Path) -> None:
+    """Wait until the server at ``url`` answers ``/api/status`` (fail with its log if it exits)."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{_tail(log)}", pytrace=False)
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"jupyter lab not ready after {SERVER_START_TIMEOUT_S} s:\n{_tail(log)}", pytrace=False)
+        time.sleep(0.5)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -> Iterator[LabServer]:
+    root = tmp_path_factory.mktemp("lab")
+    workdir = root / "work"
+    shutil.copytree(NOTEBOOKS_DIR, workdir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    env, settings = isolated_lab_env(root)
     port, token = _free_port(), secrets.token_hex(16)
     cmd = [
         sys.executable, "-m", "jupyterlab", "--no-browser",
@@ -127,27 +159,10 @@ def jupyter_lab(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     server = LabServer(url=f"http://127.0.0.1:{port}", token=token, workdir=workdir, log=log)
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{_tail(log)}", pytrace=False)
-            try:
-                with urllib.request.urlopen(f"{server.url}/api/status?token={token}", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab not ready after {SERVER_START_TIMEOUT_S} s:\n{_tail(log)}", pytrace=False)
-            time.sleep(0.5)
+        wait_ready(proc, server.url, token, log)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc)
 
 
 # ---- the browser ----------------------------------------------------------------------
@@ -212,6 +227,37 @@ def _accept_kernel_dialog(page: Any) -> None:
         dialog.locator(".jp-mod-accept").click()
 
 
+def run_all_cells(page: Any, name: str, timeout_s: float, shot: Callable[[str], None],
+                  output_text: Callable[[], str]) -> None:
+    """In a page showing notebook ``name``: wait for its kernel, Run All Cells from the Run menu,
+    and wait until every code cell has run and the kernel is idle again."""
+    _wait_kernel_idle(page, timeout_s)
+    shot("opened")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    deadline = time.monotonic() + timeout_s
+    stalled_since = 0.0
+    while True:
+        _accept_kernel_dialog(page)
+        prompts = _code_cell_prompts(page)
+        if prompts and all(_PROMPT_DONE.match(p) for p in prompts):
+            break
+        # Run All queues every cell ([*]) and drops the rest after a cell raises: idle with
+        # unrun cells for a few seconds means it stopped
+        if "[*]:" not in prompts and page.evaluate(_KERNEL_IDLE_JS):
+            stalled_since = stalled_since or time.monotonic()
+            if time.monotonic() - stalled_since > 3:
+                shot("failed")
+                raise AssertionError(f"{name}: Run All stopped, prompts {prompts}:\n{output_text()}")
+        else:
+            stalled_since = 0.0
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}: cells not done after {timeout_s:.0f} s, prompts {prompts}")
+        page.wait_for_timeout(250)
+    _wait_kernel_idle(page, timeout_s)
+    shot("ran")
+
+
 @pytest.fixture
 def run_notebook(
     jupyter_lab: LabServer, chromium: Any, artifacts_dir: Path, request: pytest.FixtureRequest
@@ -236,31 +282,7 @@ def run_notebook(
         try:
             jupyter_lab.shutdown_sessions()
             page.goto(jupyter_lab.page_url(name), timeout=timeout_s * 1000)
-            _wait_kernel_idle(page, timeout_s)
-            shot("opened")
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-            deadline = time.monotonic() + timeout_s
-            stalled_since = 0.0
-            while True:
-                _accept_kernel_dialog(page)
-                prompts = _code_cell_prompts(page)
-                if prompts and all(_PROMPT_DONE.match(p) for p in prompts):
-                    break
-                # Run All queues every cell ([*]) and drops the rest after a cell raises: idle with
-                # unrun cells for a few seconds means it stopped
-                if "[*]:" not in prompts and page.evaluate(_KERNEL_IDLE_JS):
-                    stalled_since = stalled_since or time.monotonic()
-                    if time.monotonic() - stalled_since > 3:
-                        shot("failed")
-                        raise AssertionError(f"{name}: Run All stopped, prompts {prompts}:\n{result.output_text()}")
-                else:
-                    stalled_since = 0.0
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{name}: cells not done after {timeout_s:.0f} s, prompts {prompts}")
-                page.wait_for_timeout(250)
-            _wait_kernel_idle(page, timeout_s)
-            shot("ran")
+            run_all_cells(page, name, timeout_s, shot, result.output_text)
         except Exception:
             try:
                 shot("failed")

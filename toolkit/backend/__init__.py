@@ -3,7 +3,7 @@
 ``BufferType`` and ``Buffer`` (:mod:`toolkit.backend.buft`)::
 
     BufferType(name, alignment=32, max_size=None, is_host=False, alloc_limit=None, *, pad_quantized_rows=False)
-        .alloc_size(t) -> int        # nbytes; + CUDA's quantized-row padding when pad_quantized_rows (§6.9)
+        .alloc_size(t) -> int        # nbytes; + CUDA's quantized-row padding when pad_quantized_rows
         .get_max_size() -> int       # SIZE_MAX when max_size is None
         .alloc_buffer(size, usage=COMPUTE, name="") -> Buffer | None   # None past alloc_limit
         .in_use / .available         # compute bytes handed out / left under alloc_limit
@@ -37,8 +37,9 @@ Factories (:mod:`toolkit.backend.profiles`), each returning a fresh ``Backend``:
     profiles.cpu_buft(name="CPU", alloc_limit=None) -> BufferType
 
 ``min_batch=None`` reads ``GGML_OP_OFFLOAD_MIN_BATCH`` (default 32) when the backend is made, as
-ggml reads it at registration (§4). ``excluded_ops`` takes ``Op`` members or op_desc names
-("SQR", "SILU"); it is how spec T3's "GPU lacks SQR" is built:
+ggml reads it at registration (PR #18535). ``excluded_ops`` takes ``Op`` members or op_desc names
+("SQR", "SILU"); it is how a GPU that lacks SQR is built (the scheduler then
+splits GPU / CPU / GPU around the SQR):
 
 >>> from toolkit.backend import profiles
 >>> gpu = profiles.cuda_like(0, excluded_ops=["SQR"]); cpu = profiles.cpu(gpu.host_buft)

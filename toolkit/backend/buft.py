@@ -1,8 +1,8 @@
-"""Buffer types and buffers (``ggml_backend_buffer_type`` / ``ggml_backend_buffer``), spec §1, §6.2, §6.9.
+"""Buffer types and buffers (``ggml_backend_buffer_type`` / ``ggml_backend_buffer``).
 
 A :class:`BufferType` is compared by identity: the scheduler and the graph allocator
 share a dynamic allocator (and a buffer) between backends whose buft is the *same
-object* (§6.3), so two bufts with equal fields are still two bufts.
+object* (``ggml_gallocr_new_n`` compares buft pointers), so two bufts with equal fields are still two bufts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from toolkit.ggml.tensor import Tensor
 
 SIZE_MAX = (1 << 64) - 1
-# CUDA pads quantized rows to a multiple of MATRIX_ROW_PADDING elements (§6.9)
+# CUDA pads quantized rows to a multiple of MATRIX_ROW_PADDING elements
+# (ggml_backend_cuda_buffer_type_get_alloc_size)
 MATRIX_ROW_PADDING = 512
 
 
@@ -26,7 +27,7 @@ class BufferType:
     once (a device memory budget); ``None`` means unlimited. Compute buffers allocated
     through :meth:`alloc_buffer` count against it until freed, so a reserve that needs
     more fails the way ``ggml_backend_buft_alloc_buffer`` does on a full device.
-    ``pad_quantized_rows`` gives CUDA's ``alloc_size`` (§6.9).
+    ``pad_quantized_rows`` gives CUDA's ``alloc_size`` (``ggml_backend_cuda_buffer_type_get_alloc_size``).
     """
 
     __slots__ = ("name", "alignment", "max_size", "is_host", "alloc_limit", "pad_quantized_rows", "in_use",
@@ -67,7 +68,7 @@ class BufferType:
         return SIZE_MAX if self.max_size is None else self.max_size
 
     def alloc_size(self, t: Tensor) -> int:
-        """``ggml_backend_buft_get_alloc_size``: nbytes, plus CUDA's quantized-row padding (§6.9).
+        """``ggml_backend_buft_get_alloc_size``: nbytes, plus CUDA's quantized-row padding.
 
         CUDA's FLASH_ATTN_EXT scratch depends on the kernel it picks and is not modelled.
         """

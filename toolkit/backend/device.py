@@ -1,4 +1,4 @@
-"""Device profiles and backends (``ggml_backend_dev`` / ``ggml_backend``), spec §1, §4.
+"""Device profiles and backends (``ggml_backend_dev`` / ``ggml_backend``).
 
 A :class:`DeviceProfile` answers the three device predicates the scheduler asks
 (``supports_op``, ``supports_buft``, ``offload_op``) and carries the device caps.
@@ -22,7 +22,7 @@ DEFAULT_OP_OFFLOAD_MIN_BATCH = 32
 
 
 def op_offload_min_batch(default: int = DEFAULT_OP_OFFLOAD_MIN_BATCH) -> int:
-    """``GGML_OP_OFFLOAD_MIN_BATCH`` as read at backend registration (§4, PR #18535)."""
+    """``GGML_OP_OFFLOAD_MIN_BATCH`` as read at backend registration (PR #18535)."""
     raw = os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH")
     if raw is None or raw.strip() == "":
         return default
@@ -36,7 +36,7 @@ def op_offload_min_batch(default: int = DEFAULT_OP_OFFLOAD_MIN_BATCH) -> int:
 
 
 def cuda_batch_size(t: Tensor) -> int:
-    """CUDA's op "batch size" for offload_op (§4)."""
+    """CUDA's op "batch size" for offload_op (``get_op_batch_size`` in ggml-cuda)."""
     if t.op is Op.GET_ROWS:
         return 0
     if t.op is Op.MUL_MAT:
@@ -58,11 +58,11 @@ class DeviceProfile:
 
     - ``supported_ops``: op names (``Op`` or ``op_desc`` strings such as ``"SILU"``) the
       device runs; ``None`` means every op.
-    - ``excluded_ops``: op names it refuses even so (the spec's T3 "GPU lacks SQR").
+    - ``excluded_ops``: op names it refuses even so (e.g. a GPU that lacks SQR).
       A tensor matches by its ``op`` name or its ``op_desc()`` (unary/GLU kind).
     - ``supports_buft``: the device reads its own buft(s) in ``readable_bufts``, and any
       host buft when ``reads_host`` (CPU and BLAS do).
-    - ``offload_rule``: ``"cuda"`` (batch by op, §4), ``"metal"`` (MUL_MAT by ne[1],
+    - ``offload_rule``: ``"cuda"`` (batch by op, ggml-cuda's ``get_op_batch_size``), ``"metal"`` (MUL_MAT by ne[1],
       MUL_MAT_ID by ne[2]) or ``"none"``; ``min_batch`` is the threshold.
     - ``op_filter``: an optional extra ``supports_op`` predicate.
     """
@@ -193,7 +193,7 @@ class Backend:
         return self.profile.host_buft
 
     def without_ops(self, *ops: Op | str) -> Backend:
-        """Exclude ops from supports_op (spec T3); returns self."""
+        """Exclude ops from supports_op (e.g. a GPU that lacks SQR); returns self."""
         self.profile.without_ops(*ops)
         return self
 

@@ -1,8 +1,8 @@
-"""Factories for the device kinds the spec names (§1, §4, §10); each returns a :class:`Backend`.
+"""Factories for the device kinds ggml schedules (CPU, CUDA, Metal, BLAS, RPC, ...); each returns a :class:`Backend`.
 
-Every call makes fresh :class:`BufferType` objects (identity matters, §6.3): place a
-backend's weights with ``Buffer(backend.buft, ...)`` of *that* backend. Pass an
-existing buft (``buft=``/``host_buft=``) to share one.
+Every call makes fresh :class:`BufferType` objects (identity matters: ``ggml_gallocr_new_n`` shares an
+allocator only between identical buft objects): place a backend's weights with ``Buffer(backend.buft, ...)``
+of *that* backend. Pass an existing buft (``buft=``/``host_buft=``) to share one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from toolkit.backend.buft import BufferType
 from toolkit.backend.device import Backend, DeviceProfile
 from toolkit.ggml.tensor import VIEW_OPS, Op
 
-TENSOR_ALIGNMENT = 32  # CPU and pinned-host buft alignment (§2.1)
-CUDA_ALIGNMENT = 128   # CUDA device buft alignment (§2.1)
+TENSOR_ALIGNMENT = 32  # CPU and pinned-host buft alignment (ggml's TENSOR_ALIGNMENT)
+CUDA_ALIGNMENT = 128   # CUDA device buft alignment (ggml_backend_cuda_buffer_type_get_alignment)
 
 
 def cpu_buft(name: str = "CPU", alloc_limit: int | None = None) -> BufferType:
@@ -55,7 +55,8 @@ def cuda_like(
     pad_quantized_rows: bool = True, executor: object | None = None,
 ) -> Backend:
     """``CUDA<i>``: align 128, pinned host buft ``CUDA_Host`` (align 32), offload_op by batch size
-    (min batch 32 or ``GGML_OP_OFFLOAD_MIN_BATCH``), async + events, quantized-row padding (§6.9)."""
+    (min batch 32 or ``GGML_OP_OFFLOAD_MIN_BATCH``), async + events, quantized-row padding
+    (``ggml_backend_cuda_buffer_type_get_alloc_size``)."""
     return _gpu(f"CUDA{i}", alignment=alignment, host_name="CUDA_Host", host_buft=host_buft, max_size=max_size,
                 alloc_limit=alloc_limit, min_batch=min_batch, excluded_ops=excluded_ops, offload_rule="cuda",
                 pad=pad_quantized_rows, index=i, executor=executor, description="CUDA-like GPU")
@@ -87,7 +88,8 @@ def rpc_like(
 def blas_like(cpu_backend: Backend | BufferType | None = None, *, name: str = "BLAS",
               executor: object | None = None) -> Backend:
     """``BLAS``: an accelerator that runs only MUL_MAT (plus NONE and the view ops, which ggml-blas
-    also accepts) and shares the CPU's buft (pass 3 upgrades, T4). Reads any host buffer."""
+    also accepts) and shares the CPU's buft (``ggml_backend_sched_split_graph`` pass 3 upgrades CPU nodes to
+    it). Reads any host buffer."""
     if isinstance(cpu_backend, Backend):
         buft = cpu_backend.buft
     elif isinstance(cpu_backend, BufferType):

@@ -1,7 +1,7 @@
 """Op constructors with ggml's shape rules and naming (``ggml.c``).
 
 Every constructor returns a new :class:`Tensor`; none computes anything. Views
-always point at the base tensor with accumulated offsets (§3.0).
+always point at the base tensor with accumulated offsets (``ggml_new_tensor_impl`` flattens ``view_src``).
 """
 
 from __future__ import annotations
@@ -166,6 +166,11 @@ def glu_split(a: Tensor, b: Tensor, kind: GluOp) -> Tensor:
 def swiglu_split(a: Tensor, b: Tensor) -> Tensor:
     """``ggml_swiglu_split(a, b)`` = silu(a) * b, one GLU node (printed SWIGLU)."""
     return glu_split(a, b, GluOp.SWIGLU)
+
+
+def geglu_split(a: Tensor, b: Tensor) -> Tensor:
+    """``ggml_geglu_split(a, b)`` = gelu(a) * b, one GLU node (printed GEGLU)."""
+    return glu_split(a, b, GluOp.GEGLU)
 
 
 def swiglu(a: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""ggml's tensor model: type, ne/nb in 4 dims, op, sources, views, flags (spec §1, §3.0, §6.9)."""
+"""ggml's tensor model: type, ne/nb in 4 dims, op, sources, views, flags (``struct ggml_tensor``)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
 
 
 def is_view_op(op: Op) -> bool:
-    """VIEW, RESHAPE, PERMUTE and TRANSPOSE: skipped by the scheduler's passes 2, 3 and 5 (§3.0)."""
+    """VIEW, RESHAPE, PERMUTE and TRANSPOSE: skipped by the scheduler's passes 2, 3 and 5
+    (``ggml_is_view_op`` in ``ggml_backend_sched_split_graph``)."""
     return op in VIEW_OPS
 
 
@@ -119,7 +120,7 @@ def _contiguous_nb(type_: GGMLType, ne: Sequence[int]) -> tuple[int, int, int, i
 class Tensor:
     """A ggml tensor. Compared and hashed by identity, as ggml keys tensors by pointer.
 
-    ``src`` is a list so the scheduler can redirect sources to copies (§3.5).
+    ``src`` is a list so the scheduler can redirect sources to copies (``ggml_backend_sched_split_graph`` pass 5).
     ``buffer`` is set for pre-allocated tensors (weights, KV cache): any object with
     ``buft`` and ``usage`` attributes, such as ``toolkit.backend.Buffer``.
     """
@@ -235,7 +236,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        """``ggml_nbytes``: 0 when empty, the span of a strided view, rows by block (§6.9)."""
+        """``ggml_nbytes``: 0 when empty, the span of a strided view, rows by block."""
         return _nbytes(self.type, self.ne, self.nb)
 
     @property
@@ -265,7 +266,8 @@ class Tensor:
 
     @property
     def is_weight(self) -> bool:
-        """A weight: has a buffer whose usage is WEIGHTS (a view of a weight is not, §1)."""
+        """A weight: has a buffer whose usage is WEIGHTS (a view of a weight is not: its own ``buffer``
+        stays null until it is allocated)."""
         return self.buffer is not None and getattr(self.buffer, "usage", None) is BufferUsage.WEIGHTS
 
     @property

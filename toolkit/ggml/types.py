@@ -1,4 +1,4 @@
-"""ggml tensor types: block size and bytes per block (spec §6.9)."""
+"""ggml tensor types: block size and bytes per block (``ggml_blck_size`` / ``ggml_type_size``)."""
 
 from __future__ import annotations
 

@@ -91,12 +91,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from toolkit.models import ContextParams
 
     devices = _model_devices(args.devices, args.sim_budget)
-    hp = read_gguf(args.gguf, with_tensors=False).hparams
+    model = read_gguf(args.gguf)  # parsed once: hyperparameters for planning, tensor views for the weights
+    hp = model.hparams
     cp = ContextParams(n_ctx=args.n_ctx, n_batch=max(args.n_ubatch, args.n_ctx), n_ubatch=args.n_ubatch,
                        flash_attn="on" if args.flash_attn else "off", n_gpu_layers=args.ngl, devices=devices,
                        op_offload=args.op_offload)
     ctx = Context(hp, cp, parallel=args.parallel)
-    load_weights(ctx, args.gguf)
+    load_weights(ctx, model)
     eng = engine(ctx)
     logits = eng.decode(args.tokens)
     last = logits[-1]

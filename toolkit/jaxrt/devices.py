@@ -1,4 +1,5 @@
-"""Scheduler backends from JAX devices: accelerators first, CPU last (llama.cpp's order, §1).
+"""Scheduler backends from JAX devices: accelerators first, CPU last (llama.cpp's order; ggml_backend_sched_new
+requires the CPU backend last).
 
 - a JAX GPU becomes a CUDA-like backend (``CUDA<i>``), a TPU core a ``TPU<i>`` backend;
 - ``sim:N`` adds N *simulated* accelerators: extra JAX CPU devices with the simulated

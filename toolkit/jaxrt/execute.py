@@ -1,11 +1,14 @@
-"""Run a scheduled graph: splits in order, split inputs copied between devices (§3.5, §5.3).
+"""Run a scheduled graph: splits in order, split inputs copied between devices
+(``ggml_backend_sched_compute_splits``).
 
 Each split runs as one compiled executable on its backend's JAX device. Before a split runs,
 its inputs are copied onto its device: the byte range of the source (a view keeps its
-source's strides, so the copy is the span ``nbytes(src)`` from the view's offset, §3.5).
+source's strides, so the copy is the span ``nbytes(src)`` from the view's offset, as
+``ggml_backend_sched_split_graph`` makes copies with ``ggml_dup_tensor_layout``).
 Host weights that op offload sent to an accelerator are split inputs too, so they are copied
-on every evaluation (§4). Dispatch is asynchronous: nothing waits between splits or between
-ubatches, so under pipeline parallelism (n_copies rotating, §5.2) devices overlap.
+on every evaluation (``ggml_backend_sched_backend_id_from_cur``'s op-offload rule). Dispatch is
+asynchronous: nothing waits between splits or between ubatches, so under pipeline parallelism
+(n_copies rotating through ``cur_copy``) devices overlap.
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
 
 
 def scheduler_splits(sched: Any) -> list[SplitSpec]:
-    """The allocated graph's splits with their (source, copy for cur_copy) pairs (§3.5)."""
+    """The allocated graph's splits with their (source, copy for cur_copy) pairs
+    (``ggml_backend_sched_split_graph`` pass 5)."""
     copies = sched._copies  # noqa: SLF001 - the scheduler's tensor_copies table
     cur = sched.cur_copy
     return [SplitSpec(sp.backend_id, list(sp.nodes),
@@ -210,7 +214,7 @@ class Runtime:
         if buft is None or getattr(buft, "is_host", False):
             return self.devices[-1]
         for b, dev in zip(self.backends, self.devices):
-            # a buft a backend reads as its own (the CPU's repack buffer, §4)
+            # a buft a backend reads as its own (the CPU's repack buffer)
             if any(buft is r for r in getattr(b.profile, "readable_bufts", ())):
                 return dev
         raise ValueError(f"tensor {t.name!r} lives in buffer type {buft.name!r}, which no backend owns "

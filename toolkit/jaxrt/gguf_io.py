@@ -1,10 +1,11 @@
 """Llama-architecture GGUF files: read hyperparameters and weights, write small random ones.
 
-Reading uses ``gguf.GGUFReader`` (memory-mapped); a weight's data stays in its file layout
-(f32/f16 values, bf16 bits, Q8_0/Q4_0 blocks as bytes), which is ggml's memory image, so
-it goes to its device unchanged and quantized weights are dequantized inside the kernels.
-The functions here use numpy and the ``gguf`` package only (``gguf.quants`` is the independent
-reference for the block formats the JAX kernels decode).
+Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped)
+and the hyperparameters planning reads (:func:`toolkit.models.gguf.hparams_from_gguf`). A weight's
+data stays in its file layout (f32/f16 values, bf16 bits, Q8_0/Q4_0 blocks as bytes), which is
+ggml's memory image, so it goes to its device unchanged and quantized weights are dequantized
+inside the kernels. Writing uses ``gguf.GGUFWriter``; ``gguf.quants`` is the independent reference
+for the block formats the JAX kernels decode.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.models.gguf import hparams_from_gguf
+from toolkit.models.gguf_file import GGUFFile, open_gguf
 from toolkit.models.hparams import LlamaHParams
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)
@@ -35,73 +39,30 @@ class GGUFModel:
     path: str
     hparams: LlamaHParams
     tensors: dict[str, GGUFTensor] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    file: GGUFFile | None = None    # the parsed file: metadata through file.get(key), tensor infos
 
 
-def _ggml_type(qt: Any) -> GGMLType:
-    for t in GGMLType:
-        if t.ggml_id == int(qt):
-            if t not in SUPPORTED:
-                break
-            return t
-    names = ", ".join(t.name for t in SUPPORTED)
-    raise ValueError(f"GGUF tensor type {getattr(qt, 'name', qt)} is not supported (supported: {names})")
+def _check_type(path: str, name: str, t: GGMLType) -> GGMLType:
+    if t not in SUPPORTED:
+        names = ", ".join(s.name for s in SUPPORTED)
+        raise UnsupportedFeature(f"tensor type {t.name}",
+                                 f"{path}: {name} is {t.name}, which the runtime does not run (supported: {names})")
+    return t
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.get_field(key)
-    if f is None:
-        return default
-    return f.contents()
+def read_gguf(path: str | Path | GGUFFile, *, with_tensors: bool = True) -> GGUFModel:
+    """Hyperparameters (and weights, as views of the mapped file) of a llama GGUF, parsed once.
 
-
-def read_gguf(path: str | Path, *, with_tensors: bool = True) -> GGUFModel:
-    """Hyperparameters (and weights) of a llama GGUF; errors name the missing key or bad type."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not 'llama'")
-
-    def req(key: str) -> Any:
-        v = _field(reader, f"llama.{key}")
-        if v is None:
-            raise ValueError(f"{path}: GGUF key 'llama.{key}' is missing")
-        return v
-
-    n_embd, n_head = int(req("embedding_length")), int(req("attention.head_count"))
+    Errors are typed: GGUFError for a file that cannot be read, UnsupportedFeature for an
+    architecture or a weight type the runtime does not run.
+    """
+    f = path if isinstance(path, GGUFFile) else open_gguf(path)
+    hp = hparams_from_gguf(f)
     tensors: dict[str, GGUFTensor] = {}
-    for rt in reader.tensors:
-        ne = tuple(int(x) for x in rt.shape)
-        tensors[rt.name] = GGUFTensor(rt.name, _ggml_type(rt.tensor_type), ne, np.asarray(rt.data))
-    emb = tensors.get("token_embd.weight")
-    n_vocab = _field(reader, "llama.vocab_size") or (emb.ne[1] if emb else None)
-    if n_vocab is None:
-        tok = _field(reader, "tokenizer.ggml.tokens")
-        n_vocab = len(tok) if tok is not None else 32000
-    mat = [t for n, t in tensors.items() if n.endswith("attn_q.weight")]
-    dtype = mat[0].type if mat else GGMLType.F32
-    overrides = {}
-    for n, t in tensors.items():
-        if len(t.ne) >= 2 and t.type is not dtype and n != "token_embd.weight":
-            overrides[n.split(".", 2)[-1] if n.startswith("blk.") else n] = t.type
-    if emb is not None and emb.type is not dtype:
-        overrides["token_embd.weight"] = emb.type
-    rot = _field(reader, "llama.rope.dimension_count")
-    hp = LlamaHParams(
-        n_layer=int(req("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(_field(reader, "llama.attention.head_count_kv", n_head)),
-        n_ff=int(req("feed_forward_length")), n_vocab=int(n_vocab),
-        n_ctx_train=int(_field(reader, "llama.context_length", 4096)),
-        n_rot_=None if rot is None or int(rot) == n_embd // n_head else int(rot),
-        rope_freq_base=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        tied="output.weight" not in tensors, dtype=dtype, tensor_types=overrides,
-        name=str(_field(reader, "general.name", Path(path).stem)),
-    )
-    meta = {k: None for k in reader.fields}
-    return GGUFModel(str(path), hp, tensors if with_tensors else {}, meta)
+    if with_tensors:
+        for name, info in f.tensors.items():
+            tensors[name] = GGUFTensor(name, _check_type(f.path, name, info.type), info.ne, f.tensor_data(name))
+    return GGUFModel(f.path, hp, tensors, f)
 
 
 def random_weights(hp: LlamaHParams, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:

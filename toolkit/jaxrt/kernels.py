@@ -241,7 +241,7 @@ class Env:
 
     def eval(self, node: Tensor) -> None:
         if is_view_op(node.op) or node.op is Op.NONE:
-            return  # views are read through their strides when used (§3.0)
+            return  # views are read through their strides when used (ggml_view_tensor)
         if node.op in INPLACE_OPS:
             self._eval_inplace(node)
             return

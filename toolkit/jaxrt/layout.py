@@ -4,7 +4,7 @@ Every base tensor (a non-view tensor: weight, KV cache, graph input, op result, 
 copy) is held as a flat 1-D array of *storage units* (f32, f16, bf16, i32; bytes for
 quantized types; the low 32-bit words for i64, which JAX holds without x64). A tensor is
 read through its ``ne``/``nb``/``view_offs`` exactly as ggml addresses memory, so views,
-permutes, transposed V caches and copies that keep their source's strides (§3.5) all work.
+permutes, transposed V caches and copies that keep their source's strides (``ggml_dup_tensor_layout``) all work.
 The logical value of a tensor is a 4-D array in numpy order ``(ne3, ne2, ne1, ne0)``.
 """
 

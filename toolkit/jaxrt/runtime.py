@@ -76,6 +76,8 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
         ne = tuple(int(x) for x in t.ne[: max(t.n_dims, 1)])
         if tied and name == "output.weight" and "token_embd.weight" in tensors:
             continue
+        if name != t.name and t.name in tensors:
+            continue  # another buffer type's copy of a duplicated weight (rope_freqs): same values
         shape = tuple(reversed(ne))
         vals = 1.0 + scale * rng.standard_normal(shape) if len(ne) == 1 else scale * rng.standard_normal(shape)
         arr, _ = encode(np.asarray(vals, np.float32), t.type)
@@ -84,16 +86,24 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
     if tied and "output.weight" in tensors:
         tensors["output.weight"].data = tensors["token_embd.weight"].data
         out["output.weight"] = out["token_embd.weight"]
+    for name, t in tensors.items():
+        if name != t.name and t.name in tensors and t.data is None:
+            t.data = tensors[t.name].data
     return out
 
 
-def attach_gguf(tensors: dict[str, Tensor], path: str, *, tied: bool = False) -> None:
-    """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked)."""
-    from toolkit.jaxrt.gguf_io import read_gguf
+def attach_gguf(tensors: dict[str, Tensor], source: Any, *, tied: bool = False) -> None:
+    """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked);
+    ``source`` is a path or a :class:`~toolkit.jaxrt.gguf_io.GGUFModel` already read."""
+    from toolkit.jaxrt.gguf_io import GGUFModel, read_gguf
 
-    g = read_gguf(path)
+    g = source if isinstance(source, GGUFModel) else read_gguf(source)
+    path = g.path
     for name, t in tensors.items():
-        key = "token_embd.weight" if (name == "output.weight" and name not in g.tensors) else name
+        # a duplicated weight (the tied output, another device's rope_freqs) carries its file name
+        key = t.name if t.name in g.tensors else name
+        if name == "output.weight" and key not in g.tensors:
+            key = "token_embd.weight"
         gt = g.tensors.get(key)
         if gt is None:
             raise ValueError(f"{path}: tensor {key!r} is missing")
@@ -140,12 +150,18 @@ class Engine:
     # an object that changes (by identity) whenever the scheduler was reserved again
     epoch_fn: Callable[[], object] = lambda: None
 
+    # the KV caches by graph-input suffix: "" (the full cache) and "_swa" (iSWA): (cells, sliding window)
+    caches: dict[str, tuple[int, int]] = field(default_factory=dict)
+
     _prev: tuple[Any, Any] | None = None
     notes: list[str] = field(default_factory=list)
     def __post_init__(self) -> None:
         enable_persistent_cache()
         bind_executors(self.backends)
         self.rt = Runtime(self.backends, self.cache)
+        if not self.caches:
+            self.caches = {"": (self.kv_size, 0)}
+        self.cell_pos = {k: np.full(n, -1, np.int64) for k, (n, _) in self.caches.items()}
 
     # ---- KV cache --------------------------------------------------------------------------
     def clear(self, data: bool = False) -> None:
@@ -154,6 +170,8 @@ class Engine:
         if data:
             self.rt.reset_kv()
         self.n_past = 0
+        for v in self.cell_pos.values():
+            v[:] = -1
 
     # ---- inputs (llm_graph_input_*::set_input for one sequence) ----------------------------
     def _inputs(self, lg: Any, tokens: np.ndarray, pos0: int) -> dict[Tensor, np.ndarray]:
@@ -162,21 +180,29 @@ class Engine:
         pos = np.arange(pos0, pos0 + n, dtype=np.int64)
         out: dict[Tensor, np.ndarray] = {inp["inp_tokens"]: tokens.astype(np.int32)}
         out[inp["inp_pos"]] = pos.astype(np.int32)
-        out[inp["k_idxs"]] = pos  # one sequence: the cell of a token is its position
-        v_idxs = inp["v_idxs"]
-        if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * kv_size + cell
-            n_embd_v = v_idxs.ne[0] // n
-            out[v_idxs] = (np.arange(n_embd_v)[None, :] * self.kv_size + pos[:, None]).reshape(-1)
-        else:
-            out[v_idxs] = pos
-        mask_t = inp["kq_mask"]
-        n_kv = mask_t.ne[0]
-        if mask_t.ne[3] != 1:
-            raise ValueError(f"decode runs one sequence; the mask has {mask_t.ne[3]} streams")
-        cells = np.arange(n_kv)[None, :]
-        rows = np.full((mask_t.ne[1], n_kv), -np.inf, np.float32)
-        rows[:n] = np.where(cells <= pos[:, None], 0.0, -np.inf)  # causal: cell c holds position c
-        out[mask_t] = rows
+        for sfx, (size, n_swa) in self.caches.items():
+            # one sequence: the cell of position p is p % size (a ring for the SWA cache: a cell is reused
+            # only after its position left the window of every token that can still see it)
+            cells = pos % size
+            out[inp["k_idxs" + sfx]] = cells
+            v_idxs = inp["v_idxs" + sfx]
+            if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * size + cell
+                n_embd_v = v_idxs.ne[0] // n
+                out[v_idxs] = (np.arange(n_embd_v)[None, :] * size + cells[:, None]).reshape(-1)
+            else:
+                out[v_idxs] = cells
+            cell_pos = self.cell_pos[sfx]
+            cell_pos[cells] = pos
+            mask_t = inp["kq_mask" + sfx]
+            if mask_t.ne[3] != 1:
+                raise ValueError(f"decode runs one sequence; the mask has {mask_t.ne[3]} streams")
+            p0, p1 = cell_pos[None, :], pos[:, None]
+            seen = (p0 >= 0) & (p0 <= p1)
+            if n_swa:  # llama_hparams::is_masked_swa (LLAMA_SWA_TYPE_STANDARD): p1 - p0 >= n_swa is hidden
+                seen &= p1 - p0 < n_swa
+            rows = np.full((mask_t.ne[1], mask_t.ne[0]), -np.inf, np.float32)
+            rows[:n] = np.where(seen, 0.0, -np.inf)
+            out[mask_t] = rows
         out[inp["inp_out_ids"]] = np.arange(inp["inp_out_ids"].ne[0], dtype=np.int32)
         return out
 
@@ -253,8 +279,9 @@ def _gguf_path(ctx: Any) -> str | None:
     return None
 
 
-def load_weights(ctx: Any, path: str | None = None) -> None:
-    """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from)."""
+def load_weights(ctx: Any, path: Any = None) -> None:
+    """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from);
+    ``path`` may also be a GGUFModel from ``read_gguf``, so that the file is parsed once."""
     path = path or _gguf_path(ctx)
     if path is None:
         raise ValueError("no GGUF path: pass one, or make the Context from a .gguf file")
@@ -286,9 +313,14 @@ def engine(ctx: Any) -> Engine:
             notes.append("random weights (seed 0): no GGUF file was given; load one with load_weights(ctx, path)")
             warnings.warn(notes[-1], stacklevel=2)
     kv = st.kv
+    caches = {"": (kv.kv_size, 0)}
+    kv_tensors = [*kv.k, *kv.v]
+    if st.kv_swa is not None:
+        caches["_swa"] = (st.kv_swa.kv_size, st.hparams.n_swa)
+        kv_tensors += [*st.kv_swa.k, *st.kv_swa.v]
     eng = Engine(list(ctx.backends), lambda: ctx.scheduler, lambda n, s, o: _build(ctx, n, s, o),
-                 kv.kv_size, st.resolved.n_ubatch, [*kv.k, *kv.v],
-                 epoch_fn=lambda: ctx.events[-1] if ctx.events else None)
+                 kv.kv_size, st.resolved.n_ubatch, kv_tensors,
+                 epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
     eng.setup = st  # type: ignore[attr-defined]
     eng.notes = notes
     ctx._jaxrt = eng

@@ -42,6 +42,10 @@ def summary(ctx: Any) -> dict[str, Any]:
         "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
         "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,
         "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
+        "n_tensors": ctx.setup.model.n_tensors,
+        "kv_caches": [{"cache": c.kind, "cells": c.kv_size, "layers": len(c.layers), "n_stream": c.n_stream,
+                       "size_k_bytes": c.k_bytes, "size_v_bytes": c.v_bytes, "buffers": dict(c.buffers_bytes)}
+                      for c in ctx.setup.kv_caches],
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
@@ -64,8 +68,17 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
-    out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-            for name, b in result["kv_buffers_bytes"].items()]
+    caches = result.get("kv_caches") or []
+    if len(caches) > 1:  # llama_kv_cache_iswa: each cache logs its size and its own buffers
+        for w in result.get("warnings", ()):
+            out.append(w)
+        for c in caches:
+            out.append(f"llama_kv_cache_iswa: creating {c['cache']:>7s} KV cache, size = {c['cells']} cells")
+            out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                    for name, b in c["buffers"].items()]
+    else:
+        out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+                for name, b in result["kv_buffers_bytes"].items()]
     if result["pipeline_parallel"]:
         out.append("llama_context: pipeline parallelism enabled")
     out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")

@@ -2,7 +2,7 @@
 
 :class:`ContextParams` holds what the user asked for; :meth:`ContextParams.resolve` turns it
 into what ``llama_context`` prints (n_ctx padded, n_batch clamped to n_ctx, n_ubatch clamped
-to n_batch, n_ctx_seq per stream), raising ``ValueError`` that names the bad value and the
+to n_batch, n_ctx_seq per stream), raising :class:`toolkit.errors.ParameterError` that names the bad value and the
 limit for input llama.cpp would refuse.
 
 >>> cp = ContextParams(n_ctx=1000, n_batch=2048, n_ubatch=512).resolve(n_ctx_train=4096)
@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from toolkit import validate
+from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
 
 FlashAttn = Literal["on", "off", "auto"]
@@ -23,6 +25,7 @@ SplitMode = Literal["none", "layer", "row"]
 
 N_CTX_PAD = 256          # llama_context pads n_ctx up to a multiple of 256
 DEFAULT_N_GPU_LAYERS = 999  # more than any n_layer: every layer, the output layer included
+LLAMA_MAX_SEQ = 256        # llama-cparams.h: the most sequences a context can hold
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class ContextParams:
     ``"cuda"``/``"cuda:BUDGET"``, ``"sim"``/``"sim:BUDGET"`` (simulated accelerators,
     BUDGET a byte count such as ``64M`` capping their compute buffers), ``"metal"``,
     ``"blas"`` (an ACCEL device). ``force_pipeline_parallel`` is the oracle's
-    ``ORACLE_FORCE_PP``: it skips only the async/events capability check (§7.3).
+    ``ORACLE_FORCE_PP``: it skips only the async/events capability check of the ``llama_context``
+    constructor's pipeline-parallelism condition.
     """
 
     n_ctx: int = 4096
@@ -55,36 +59,41 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
+    swa_full: bool = False                 # --swa-full: the SWA cache of an iSWA model gets n_ctx_seq cells
 
     def __post_init__(self) -> None:
-        for f in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
+        # llama_context_params holds these as uint32_t; llama_context's constructor refuses
+        # n_seq_max > LLAMA_MAX_SEQ ("n_seq_max must be <= 256")
+        for f in ("n_ctx", "n_batch", "n_ubatch"):
+            validate.integer(f, getattr(self, f), lo=0, hi=validate.UINT32_MAX)
+        validate.integer("n_seq_max", self.n_seq_max, lo=1, hi=LLAMA_MAX_SEQ)
+        validate.choice("flash_attn", self.flash_attn, ("on", "off", "auto"))
+        validate.choice("split_mode", self.split_mode, ("none", "layer", "row"))
+        validate.integer("n_gpu_layers", self.n_gpu_layers, lo=0, hi=validate.INT32_MAX)
+        validate.integer("main_gpu", self.main_gpu, lo=0, hi=validate.INT32_MAX)
+        for f in ("type_k", "type_v"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{f}={v!r} must be an integer >= 0")
-        if self.n_seq_max < 1:
-            raise ValueError(f"n_seq_max={self.n_seq_max} must be >= 1")
-        if self.flash_attn not in ("on", "off", "auto"):
-            raise ValueError(f"flash_attn={self.flash_attn!r} must be 'on', 'off' or 'auto'")
-        if self.split_mode not in ("none", "layer", "row"):
-            raise ValueError(f"split_mode={self.split_mode!r} must be 'none', 'layer' or 'row'")
-        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < 0:
-            raise ValueError(f"n_gpu_layers={self.n_gpu_layers!r} must be >= 0 (n_layer + 1 or more offloads all)")
-        GGMLType.parse(self.type_k)
-        GGMLType.parse(self.type_v)
+            if isinstance(v, GGMLType):
+                continue
+            validate.text(f, v)
+            try:
+                GGMLType.parse(v)
+            except (KeyError, ValueError):
+                raise ParameterError(f, v, "a ggml type name such as f16, bf16, f32, q8_0, q4_0") from None
+        for f in ("kv_unified", "offload_kqv", "op_offload", "use_mmap", "force_pipeline_parallel"):
+            object.__setattr__(self, f, validate.boolean(f, getattr(self, f)))
         if self.tensor_split is not None:
-            ts = tuple(float(x) for x in self.tensor_split)
-            if any(x < 0 for x in ts):
-                raise ValueError(f"tensor_split={ts} has a negative share")
-            object.__setattr__(self, "tensor_split", ts)
-        object.__setattr__(self, "devices", tuple(self.devices))
-        if self.n_outputs_max is not None and self.n_outputs_max < 1:
-            raise ValueError(f"n_outputs_max={self.n_outputs_max} must be >= 1")
+            object.__setattr__(self, "tensor_split", validate.reals("tensor_split", self.tensor_split, lo=0.0))
+        object.__setattr__(self, "devices", validate.strings("devices", self.devices))
+        validate.optional_integer("n_outputs_max", self.n_outputs_max, lo=1, hi=validate.UINT32_MAX,
+                                  none_means="n_batch")
 
     def replace(self, **changes: Any) -> ContextParams:
         unknown = set(changes) - set(self.__dataclass_fields__)
         if unknown:
             known = sorted(self.__dataclass_fields__)
-            raise ValueError(f"unknown context parameter(s) {sorted(unknown)}; known: {known}")
+            raise ParameterError(", ".join(sorted(unknown)), changes[sorted(unknown)[0]],
+                                 f"a known context parameter name ({', '.join(known)})", "unknown parameter")
         return replace(self, **changes)
 
     def resolve(self, n_ctx_train: int, *, causal_attn: bool = True) -> ResolvedParams:
@@ -92,7 +101,7 @@ class ContextParams:
         n_ctx = self.n_ctx if self.n_ctx > 0 else n_ctx_train
         n_ctx = -(-n_ctx // N_CTX_PAD) * N_CTX_PAD
         if self.n_ubatch > self.n_batch and self.n_batch > 0 and self.n_ubatch > 0:
-            raise ValueError(f"n_ubatch={self.n_ubatch} must not exceed n_batch={self.n_batch}")
+            raise ParameterError("n_ubatch", self.n_ubatch, f"at most n_batch={self.n_batch}")
         n_batch = self.n_batch if self.n_batch > 0 else n_ctx
         n_batch = min(n_ctx, n_batch) if causal_attn else n_batch
         n_ubatch = min(n_batch, self.n_ubatch if self.n_ubatch > 0 else n_batch)
@@ -101,7 +110,7 @@ class ContextParams:
         else:
             n_ctx_seq = n_ctx // self.n_seq_max
             if n_ctx_seq == 0:
-                raise ValueError(f"n_ctx={n_ctx} is smaller than n_seq_max={self.n_seq_max} (n_ctx_seq would be 0)")
+                raise ParameterError("n_ctx", n_ctx, f"at least n_seq_max={self.n_seq_max}", "n_ctx_seq would be 0")
             n_ctx = n_ctx_seq * self.n_seq_max  # llama.cpp rounds n_ctx down to a multiple of n_seq_max
         n_outputs_max = self.n_outputs_max if self.n_outputs_max is not None else n_batch
         return ResolvedParams(
@@ -137,6 +146,7 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            swa_full=bool(d.get("swa_full", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Backends from device specs, ordered as llama_context orders them (spec §7.1).
+"""Backends from device specs, ordered as llama_context's constructor orders them (model devices, ACCEL, CPU).
 
 A spec names one model device: ``rpc:HOST:PORT`` (an RPC server), ``rpc:N`` (N servers on
 127.0.0.1:50052, 50053, …), ``cuda``, ``sim``, ``metal``, ``tpu`` (each optionally
@@ -39,7 +39,7 @@ class DeviceSet:
     accels: list[Backend]
     cpu: Backend
     cpu_buft: BufferType          # the CPU device's own buft (weights, BLAS, CPU-only compute)
-    repack_buft: BufferType       # CPU_REPACK: repacked quantized weights (not host, §4)
+    repack_buft: BufferType       # CPU_REPACK: repacked quantized weights (not host, so never op-offloaded)
     gpu_names: list[str]          # llama's device names: RPC0, RPC1, CUDA0, …
 
     @property
@@ -109,7 +109,8 @@ def make_devices(specs: Sequence[str], *, split_mode: str = "layer", main_gpu: i
         if not 0 <= main_gpu < len(gpus):
             raise ValueError(f"main_gpu={main_gpu} is out of range for {len(gpus)} device(s)")
         gpus, names = [gpus[main_gpu]], [names[main_gpu]]
-    # §7.1: with a model device, the CPU backend computes in devices[0]'s host buft (e.g. pinned memory)
+    # llama_context's constructor: with a model device, the CPU backend computes in devices[0]'s host buft
+    # (e.g. pinned memory)
     host = gpus[0].host_buft if gpus else None
     cpu = profiles.cpu(host if host is not None else cpu_buft)
     # the CPU device reads its own buft and its extra (repack) buft, as ggml-cpu's supports_buft does

@@ -8,7 +8,8 @@
   can run its MUL_MAT, otherwise to the CPU buffer, which is ``CPU_Mapped`` with mmap and
   then spans the file range of its tensors (``get_mapping_range``).
 - KV cache (``llama_kv_cache``): per layer on that layer's device (on the CPU with
-  ``-nkvo``), ``cache_k_l<il>``/``cache_v_l<il>`` of ``[n_embd_gqa, kv_size, n_stream]``.
+  ``-nkvo``), ``cache_k_l<il>``/``cache_v_l<il>`` of ``[n_embd_gqa, kv_size, n_stream]``;
+  sliding-window models get ``llama_kv_cache_iswa``'s two caches (:func:`make_memory`).
 - Output buffer: ``n_seq_max`` rows of logits in the output device's host buft, else CPU.
 """
 
@@ -23,7 +24,7 @@ from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
-from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, LlamaHParams, WeightInfo
+from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
 
 CPU_DEVICE = "CPU"
 
@@ -82,6 +83,7 @@ class LoadedModel:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
     buffers_bytes: dict[str, int] = field(default_factory=dict)
+    rope_freqs: list[Tensor] = field(default_factory=list)  # per repeating layer: its buffer type's copy
 
     def layer_backend(self, il: int) -> Backend:
         """The backend of layer il's device (the CPU backend for CPU layers)."""
@@ -102,11 +104,18 @@ class LoadedModel:
     @property
     def n_tensors(self) -> int:
         """``llama_model::n_tensors()``: the distinct weight tensors (a tied output counts when duplicated)."""
-        return len({id(t) for t in self.tensors.values()} | ({id(self.output)} if self.output is not None else set()))
+        return len({id(t) for t in self.tensors.values()} | ({id(self.output)} if self.output is not None else set())
+                   | {id(t) for t in self.rope_freqs})
 
 
 def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
-    """Place every weight (llama_model::load_tensors) and size the model buffers."""
+    """Place every weight (llama_model::load_tensors) and size the model buffers.
+
+    Two tensors are ``TENSOR_DUPLICATED`` there, and ``create_tensor`` reuses a duplicate only
+    inside the same buffer type: the tied output (``token_embd`` again, in the output layer's
+    buffer type) and ``rope_freqs.weight`` (once per buffer type of the repeating layers).
+    Each copy counts in ``n_tensors``.
+    """
     hp.validate_types()
     model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
     n_layer = hp.n_layer
@@ -122,30 +131,41 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
         pos = _pad(pos, GGUF_DEFAULT_ALIGNMENT)
         offs[w.name] = (pos, pos + w.nbytes)
         pos += w.nbytes
-    placed: list[tuple[WeightInfo, str, str]] = []  # (info, buffer name, file key)
-    if hp.tied:
-        tok = infos[0]
-        infos = [*infos, WeightInfo("output.weight", tok.ne, tok.type, n_layer, "MUL_MAT")]
     cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
     bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
-    for w in infos:
-        d = home(w.layer)
+
+    def buf_of(w: WeightInfo, d: int) -> str:
         if d >= 0:
             b = devs.gpus[d].buft
             bufts[b.name] = b
-            name = b.name
-        elif repack_supported(w):
-            name = "CPU_REPACK"
-        else:
-            name = cpu_name
-        key = "token_embd.weight" if (hp.tied and w.name == "output.weight") else w.name
-        placed.append((w, name, key))
+            return b.name
+        return "CPU_REPACK" if repack_supported(w) else cpu_name
+
+    # (info, buffer name, file key, tensors key): one entry per tensor llama.cpp creates
+    placed: list[tuple[WeightInfo, str, str, str]] = []
+    rope_copy: dict[str, str] = {}                    # buffer name -> tensors key of its rope_freqs copy
+    rope_of_layer: list[str] = []
+    for w in infos:
+        if w.layer == ROPE_FREQS_LAYER:
+            for il in range(n_layer):
+                name = buf_of(w, home(il))
+                if name not in rope_copy:
+                    rope_copy[name] = w.name if not rope_copy else f"{w.name}@{name}"
+                    placed.append((w, name, w.name, rope_copy[name]))
+                rope_of_layer.append(rope_copy[name])
+            continue
+        placed.append((w, buf_of(w, home(w.layer)), w.name, w.name))
+    if hp.tied:
+        tok = next(w for w in infos if w.name == "token_embd.weight")
+        out_w = WeightInfo("output.weight", tok.ne, tok.type, n_layer, "MUL_MAT")
+        name = buf_of(out_w, home(n_layer))
+        tok_name = next(n for i, n, _, _ in placed if i.name == tok.name)
+        if name != tok_name:   # same buffer type: create_tensor returns token_embd itself
+            placed.append((out_w, name, tok.name, "output.weight"))
     sizes: dict[str, int] = {}
     spans: dict[str, list[int]] = {}
-    for w, name, key in placed:
+    for w, name, key, _ in placed:
         buft = bufts[name]
-        if key != w.name and name == next(n for i, n, _ in placed if i.name == key):
-            continue  # the tied output shares token_embd's tensor (same buffer type)
         if name == "CPU_Mapped":
             lo, hi = offs[key]
             span = spans.setdefault(name, [lo, hi])
@@ -156,16 +176,12 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
     for name, (lo, hi) in spans.items():
         sizes[name] = hi - lo
     buffers = {name: Buffer(bufts[name], size, BufferUsage.WEIGHTS, name) for name, size in sizes.items()}
-    for w, name, key in placed:
-        if key != w.name and model.tensors[key].buffer.name == name:
-            # TENSOR_DUPLICATED in the same buffer type: create_tensor returns the existing tensor
-            model.output = model.tensors[key]
-            continue
+    for w, name, key, tkey in placed:
         t = Tensor(w.type, w.ne, name=key)
         t.buffer = buffers[name]
-        if w.name == "output.weight":
-            model.output = t
-        model.tensors[w.name] = t
+        model.tensors[tkey] = t
+    model.output = model.tensors.get("output.weight", model.tensors["token_embd.weight"])
+    model.rope_freqs = [model.tensors[k] for k in rope_of_layer]
     order = [b.name for b in devs.gpus]
     model.buffers_bytes = dict(sorted(sizes.items(), key=lambda kv: (kv[0] in order, kv[0])))
     return model
@@ -173,7 +189,11 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
 
 @dataclass
 class KVCache:
-    """``llama_kv_cache``: one K and one V tensor per layer, in per-device buffers."""
+    """``llama_kv_cache``: one K and one V tensor per layer it holds, in per-device buffers.
+
+    ``layers`` are the model layers of this cache in order (every layer, or those the iSWA
+    filter gives it); ``k``/``v`` follow that order (:meth:`k_of` takes a model layer).
+    """
 
     k: list[Tensor]
     v: list[Tensor]
@@ -183,10 +203,18 @@ class KVCache:
     buffers_bytes: dict[str, int]
     k_bytes: int
     v_bytes: int
+    layers: tuple[int, ...] = ()
+    kind: str = "single"              # "single", or llama_kv_cache_iswa's "non-SWA" / "SWA"
 
     @property
     def total_bytes(self) -> int:
         return sum(self.buffers_bytes.values())
+
+    def k_of(self, il: int) -> Tensor:
+        return self.k[self.layers.index(il)]
+
+    def v_of(self, il: int) -> Tensor:
+        return self.v[self.layers.index(il)]
 
 
 def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> None:
@@ -201,19 +229,25 @@ def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> No
         raise ValueError(f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
 
 
-def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool) -> KVCache:
+def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool,
+                  layers: list[int] | None = None, kv_size: int | None = None, kind: str = "single") -> KVCache:
+    """One ``llama_kv_cache`` over ``layers`` (default: all) with ``kv_size`` cells per stream."""
     hp = model.hparams
     devs = model.devices
-    kv_size, n_stream = rp.kv_size, rp.n_stream
+    kv_size = rp.kv_size if kv_size is None else kv_size
+    n_stream = rp.n_stream
+    layers = list(range(hp.n_layer)) if layers is None else layers
     ks: list[Tensor] = []
     vs: list[Tensor] = []
     sizes: dict[str, int] = {}
     bufts: dict[str, BufferType] = {}
     k_bytes = v_bytes = 0
-    for il in range(hp.n_layer):
+    names: list[str] = []
+    for il in layers:
         d = model.layer_dev[il]
         buft = devs.gpus[d].buft if (offload_kqv and d >= 0) else devs.cpu_buft
         bufts[buft.name] = buft
+        names.append(buft.name)
         k = Tensor(rp.type_k, (hp.n_embd_k_gqa, kv_size, n_stream), name=f"cache_k_l{il}")
         v = Tensor(rp.type_v, (hp.n_embd_v_gqa, kv_size, n_stream), name=f"cache_v_l{il}")
         for t in (k, v):
@@ -223,12 +257,42 @@ def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
         ks.append(k)
         vs.append(v)
     buffers = {n: Buffer(bufts[n], s, BufferUsage.ANY, n) for n, s in sizes.items()}
-    for il in range(hp.n_layer):
-        d = model.layer_dev[il]
-        name = devs.gpus[d].buft.name if (offload_kqv and d >= 0) else devs.cpu_buft.name
-        ks[il].buffer = buffers[name]
-        vs[il].buffer = buffers[name]
-    return KVCache(ks, vs, kv_size, n_stream, not flash_attn, sizes, k_bytes, v_bytes)
+    for k, v, name in zip(ks, vs, names):
+        k.buffer = buffers[name]
+        v.buffer = buffers[name]
+    return KVCache(ks, vs, kv_size, n_stream, not flash_attn, sizes, k_bytes, v_bytes, tuple(layers), kind)
+
+
+# the SWA cache is padded to a multiple of this (llama_kv_cache_iswa)
+SWA_CACHE_PAD = 256
+SWA_FULL_WARNING = ("llama_kv_cache_iswa: using full-size SWA cache "
+                    "(ref: https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")
+
+
+def swa_cache_size(hp: LlamaHParams, rp: ResolvedParams, *, swa_full: bool, unified: bool) -> int:
+    """``llama_kv_cache_iswa``: ``GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256)``
+    cells per stream, or the full ``size_base`` with ``--swa-full``."""
+    size_base = rp.kv_size
+    if swa_full:
+        return size_base
+    n = min(size_base, hp.n_swa * (rp.n_seq_max if unified else 1) + rp.n_ubatch)
+    return _pad(n, SWA_CACHE_PAD)
+
+
+def make_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool, swa_full: bool,
+                unified: bool) -> tuple[KVCache, KVCache | None, list[str]]:
+    """``llama_model::create_memory``: one ``llama_kv_cache``, or ``llama_kv_cache_iswa``'s two
+    (the non-SWA cache first, then the SWA cache), and the warnings logged while creating them."""
+    hp = model.hparams
+    if not hp.is_swa_any:
+        return make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn), None, []
+    swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
+    base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+    kv_base = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=base, kind="non-SWA")
+    size = swa_cache_size(hp, rp, swa_full=swa_full, unified=unified)
+    kv_swa = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=swa, kv_size=size,
+                           kind="SWA")
+    return kv_base, kv_swa, [SWA_FULL_WARNING] if swa_full else []
 
 
 def output_buffer(model: LoadedModel, rp: ResolvedParams) -> dict[str, int]:

@@ -1,13 +1,40 @@
-"""Model shapes to plan with: the oracle's tiny and small models, and Llama-3-8B/70B-shaped ones.
+"""Model shapes to plan with: the oracle's tiny and small models, and real-model-shaped ones.
 
-The shaped presets only take the hyperparameters of the public models (no weights): they
-are for planning buffers and splits at realistic sizes.
+The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B)
+only take the hyperparameters of the public models (no weights): they are for planning
+buffers and splits at realistic sizes.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from toolkit.ggml.types import GGMLType
 from toolkit.models.hparams import LlamaHParams
+
+
+def llama3_rope_freqs(head_dim: int, base: float = 500000.0, factor: float = 8.0, low_freq_factor: float = 1.0,
+                      high_freq_factor: float = 4.0, original_max_position_embeddings: int = 8192
+                      ) -> tuple[float, ...]:
+    """``rope_freqs.weight`` of rope scaling type llama3, as convert_hf_to_gguf writes it (float32)."""
+    f32 = np.float32
+    freqs = f32(1.0) / (f32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / f32(head_dim)))
+    low_wavelen = original_max_position_embeddings / low_freq_factor
+    high_wavelen = original_max_position_embeddings / high_freq_factor
+    out: list[float] = []
+    for freq in freqs:
+        wavelen = f32(2 * math.pi) / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(float(f32(factor)))
+        else:
+            smooth = (f32(original_max_position_embeddings) / wavelen - f32(low_freq_factor)) / f32(
+                high_freq_factor - low_freq_factor)
+            out.append(float(f32(1) / ((f32(1) - smooth) / f32(factor) + smooth)))
+    return tuple(out)
 
 
 def tiny(dtype: str | GGMLType = "f32", *, tied: bool = False) -> LlamaHParams:
@@ -43,11 +70,69 @@ def llama3_70b(dtype: str | GGMLType = "q4_0") -> LlamaHParams:
                         n_ctx_train=8192, rope_freq_base=500000.0, dtype=t, name=f"llama3-70b_{t.lower}")
 
 
-PRESETS = {"tiny": tiny, "small": small, "med": med, "llama3_8b": llama3_8b, "llama3_70b": llama3_70b}
+def llama3_1_8b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Llama-3.1-8B: 32 layers, n_embd 4096, 32 heads (8 KV), n_ff 14336, vocab 128256, 128K context,
+    llama3 rope scaling (``rope_freqs.weight``)."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
+                        n_ctx_train=131072, rope_freq_base=500000.0, dtype=t, rope_freqs=llama3_rope_freqs(128),
+                        name=f"llama3.1-8b_{t.lower}")
+
+
+def llama3_2_1b(dtype: str | GGMLType = "q8_0") -> LlamaHParams:
+    """Llama-3.2-1B: 16 layers, n_embd 2048, 32 heads (8 KV), n_ff 8192, tied output, llama3 rope scaling
+    (factor 32)."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, n_vocab=128256,
+                        n_ctx_train=131072, rope_freq_base=500000.0, dtype=t, tied=True,
+                        rope_freqs=llama3_rope_freqs(64, factor=32.0), name=f"llama3.2-1b_{t.lower}")
+
+
+def qwen3_8b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Qwen3-8B: 36 layers, n_embd 4096, 32 heads (8 KV) of 128, n_ff 12288, vocab 151936, QK-norm."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_vocab=151936,
+                        n_ctx_train=40960, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
+                        arch="qwen3", name=f"qwen3-8b_{t.lower}")
+
+
+def gemma3_12b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Gemma-3-12B: 48 layers, n_embd 3840, 16 heads (8 KV) of 256, n_ff 15360, vocab 262144, tied output,
+    sliding window 1024 on 5 of every 6 layers (iSWA), rope base 1e6 (SWA layers 1e4)."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, n_ff=15360, n_vocab=262144,
+                        n_ctx_train=131072, n_embd_head_=256, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
+                        tied=True, arch="gemma3", n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0,
+                        name=f"gemma3-12b_{t.lower}")
+
+
+def gemma3_27b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Gemma-3-27B: 62 layers, n_embd 5376, 32 heads (16 KV) of 128, n_ff 21504, vocab 262144, tied output,
+    sliding window 1024 on 5 of every 6 layers (iSWA); Q is scaled by 1/sqrt(n_embd/n_head)."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=62, n_embd=5376, n_head=32, n_head_kv=16, n_ff=21504, n_vocab=262144,
+                        n_ctx_train=131072, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
+                        tied=True, arch="gemma3", n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0,
+                        name=f"gemma3-27b_{t.lower}")
+
+
+PRESETS = {"tiny": tiny, "small": small, "med": med, "llama3_8b": llama3_8b, "llama3_70b": llama3_70b,
+           "llama3_1_8b": llama3_1_8b, "llama3_2_1b": llama3_2_1b, "qwen3_8b": qwen3_8b,
+           "gemma3_12b": gemma3_12b, "gemma3_27b": gemma3_27b}
+
+
+# what a model picker shows for each preset (label -> name), in the order to offer them
+PRESET_LABELS: dict[str, str] = {
+    "tiny": "tiny", "small": "small", "med": "med", "Llama-3-8B-shaped": "llama3_8b", "70B-shaped": "llama3_70b",
+    "Llama-3.1-8B": "llama3_1_8b", "Llama-3.2-1B": "llama3_2_1b", "Qwen3-8B": "qwen3_8b",
+    "Gemma-3-12B": "gemma3_12b", "Gemma-3-27B": "gemma3_27b",
+}
+assert set(PRESET_LABELS.values()) == set(PRESETS)
 
 
 def get(name: str) -> LlamaHParams:
-    """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``)."""
+    """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
+    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``)."""
     try:
         return PRESETS[name]()
     except KeyError:

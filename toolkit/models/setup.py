@@ -1,4 +1,4 @@
-"""What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (spec §7.1–§7.4).
+"""What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (the ``llama_context`` constructor).
 
 :func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
 devices and backends, the placed weights, the KV cache, the output buffer, the
@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
+from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, make_devices
+from toolkit.models.graph import GraphBuilder, LlamaGraph
 from toolkit.models.hparams import LlamaHParams
-from toolkit.models.llama import LlamaGraph, LlamaGraphBuilder
-from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_kv_cache, output_buffer
+from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_memory, output_buffer
 
 if TYPE_CHECKING:
     from toolkit.sched import Scheduler
@@ -26,7 +27,7 @@ NORM_PIN_MAX_TOKENS = 32
 
 
 def graph_max_nodes(n_tensors: int, n_tokens: int) -> int:
-    """``llama_context::graph_max_nodes`` for llama (§7.2): ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
+    """``llama_context::graph_max_nodes`` for llama: ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
     del n_tokens  # only the per-ubatch architectures (Qwen3-Next & co.) use it
     return max(1024, 8 * n_tensors)
 
@@ -58,22 +59,51 @@ class LlamaSetup:
     flash_attn: bool                   # what the graphs use (auto starts on, the probe may turn it off)
     pipeline_parallel: bool
     pp_check: dict[str, object] = field(default_factory=dict)
+    kv_swa: KVCache | None = None      # llama_kv_cache_iswa's SWA cache (``kv`` is then the non-SWA one)
+    warnings: list[str] = field(default_factory=list)  # logged while creating the memory
+    warned: bool = False               # the warnings went into a ReserveEvent already
 
     @property
     def backends(self) -> list[Backend]:
         return self.devices.backends
 
-    def builder(self, graph_size: int) -> LlamaGraphBuilder:
-        return LlamaGraphBuilder(self.model, self.kv, flash_attn=self.flash_attn, graph_size=graph_size)
+    def builder(self, graph_size: int) -> GraphBuilder:
+        return builder_class(self.hparams.arch)(self.model, self.kv, flash_attn=self.flash_attn,
+                                                graph_size=graph_size, kv_swa=self.kv_swa)
+
+    @property
+    def kv_caches(self) -> list[KVCache]:
+        """The KV caches in creation order (iSWA: the non-SWA cache, then the SWA cache)."""
+        return [self.kv] if self.kv_swa is None else [self.kv, self.kv_swa]
+
+    def kv_buffers_bytes(self) -> dict[str, int]:
+        """KV buffer bytes per buffer name, summed over the caches."""
+        out: dict[str, int] = {}
+        for c in self.kv_caches:
+            for name, b in c.buffers_bytes.items():
+                out[name] = out.get(name, 0) + b
+        return out
+
+    def kv_buffers_by_cache(self) -> dict[str, int]:
+        """KV buffer bytes as llama.cpp logs them, one line per cache and buffer: the buffer name, with
+        the cache in parentheses for iSWA's two caches (``CPU (SWA)``, ``CPU (non-SWA)``)."""
+        if self.kv_swa is None:
+            return dict(self.kv.buffers_bytes)
+        return {f"{name} ({c.kind})": b for c in self.kv_caches for name, b in c.buffers_bytes.items()}
+
+    def kv_cache_of(self, il: int) -> KVCache:
+        """The cache that holds layer il."""
+        return self.kv_swa if self.kv_swa is not None and il in self.kv_swa.layers else self.kv
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
 
 
 def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
-    """§7.3: more than one model device, every layer and the output offloaded, split mode layer,
-    KV offloaded, and every non-CPU backend with async compute and events (the last check is
-    the one ``force_pipeline_parallel`` skips, like the oracle's ORACLE_FORCE_PP)."""
+    """The ``llama_context`` constructor's pipeline-parallelism condition: more than one model device,
+    every layer and the output offloaded, split mode layer, KV offloaded, and every non-CPU backend
+    with async compute and events (the last check is the one ``force_pipeline_parallel`` skips, like
+    the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
     check: dict[str, object] = {
         "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
@@ -99,16 +129,18 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     fa = cp.flash_attn != "off"
     check_kv_types(hp, rp, fa)
     model = load_model(hp, cp, devs)
-    kv = make_kv_cache(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa)
+    kv, kv_swa, warnings = make_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa,
+                                       swa_full=cp.swa_full, unified=cp.kv_unified)
     pp, check = pipeline_parallel(hp, cp, devs)
-    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check)
+    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
 
 
 def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
-    """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls (§7.4); returns how many.
+    """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls
+    (``llama_context::graph_get_cb``); returns how many.
 
     - ``norm-<il>`` goes to layer il's device when the ubatch is small or every layer is offloaded,
-      so it is not expanded from the previous layer's device (T9 vs T10);
+      so it is not expanded from the previous layer's device (which would cost an extra cross-device split input);
     - with ``-nkvo``, the merged attention heads (``kqv_merged_cont``, the CONT of the non-FA path,
       later renamed ``kqv_out``) go to the CPU, so the whole KQ → softmax → KQV chain runs there
       (the flash-attention path names no such tensor, so its FLASH_ATTN_EXT follows the layer).

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 @dataclass
 class TracedGraph:
     """One build of the traced function's graph. The scheduler mutates a graph's ``src``
-    pointers when it splits it (§3), so every schedule gets a fresh build."""
+    pointers when it splits it (``ggml_backend_sched_split_graph``), so every schedule gets a fresh build."""
 
     graph: Graph
     inputs: list[Tensor]      # flat argument order; unused arguments are not in the graph
@@ -134,7 +134,7 @@ class Traced:
         for t in outs:
             if isinstance(t.extra, LeafInfo) and t.extra.kind in ("const", "literal"):
                 # a constant returned as is: no node reads it, so no pass would give it a backend
-                # (§3.4 places leafs as srcs of nodes); the runner returns its value directly
+                # (split_graph pass 4 places leafs as srcs of nodes); the runner returns its value directly
                 continue
             graph.build_forward_expand(t)
             t.set_output()

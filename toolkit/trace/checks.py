@@ -1,10 +1,10 @@
 """Invariants of a scheduled graph, as plain text problems (an empty list means valid).
 
-- splits are consecutive and cover every node: ``[0, n_nodes)`` in order (§3.5);
+- splits are consecutive and cover every node: ``[0, n_nodes)`` in order (``ggml_backend_sched_split_graph`` pass 5);
 - every non-view node sits in the split of its backend, and that backend supports it
-  (views are placed by their base, §3.4, and run nowhere);
+  (views are placed by their base in split_graph pass 4, and run nowhere);
 - no two tensors of one buffer (buft, chunk) overlap in bytes while both are live, except a
-  tensor computed in place of its parent (§6.5), and every tensor fits in its chunk.
+  tensor computed in place of its parent (``ggml_gallocr_allocate_node``), and every tensor fits in its chunk.
 """
 
 from __future__ import annotations

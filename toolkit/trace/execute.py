@@ -1,7 +1,7 @@
 """Run a scheduled traced graph split by split, binding each node's primitive on its backend's device.
 
-The order and the placement come from the scheduler (§3.5): splits in order, nodes of a
-split in graph order, every non-view node on its split's backend. A value needed on another
+The order and the placement come from the scheduler (``ggml_backend_sched_split_graph`` pass 5): splits
+in order, nodes of a split in graph order, every non-view node on its split's backend. A value needed on another
 device is copied there with ``jax.device_put``, once per (tensor, backend) — ggml's one copy
 per (source, destination backend) pair. View nodes (RESHAPE, PERMUTE, VIEW) alias their base
 in ggml; here they are computed where their base lives, and never copied for themselves.
@@ -104,7 +104,9 @@ class Executor:
         if memo not in self._copies:
             value = jax.device_put(self._vals[key], self.devices[b])
             self._copies[memo] = value
-            if home is not None:  # constants and literals live wherever they are used (§3.4)
+            # constants and literals live wherever they are used (split_graph pass 4 gives a src leaf its
+            # node's backend)
+            if home is not None:
                 copied.append((t.name, _nbytes(value)))
         return self._copies[memo]
 
@@ -133,7 +135,7 @@ class Executor:
 
         step = _step(t)
         if is_view_op(t.op):
-            # a view aliases its base (§3.0): computed where the base lives, never copied
+            # a view aliases its base (ggml_view_tensor's view_src): computed where the base lives, never copied
             base = step.inputs[0]
             self._vals[id(t)] = step.fn(self._vals[id(base)])
             self._home[id(t)] = self._home.get(id(base))

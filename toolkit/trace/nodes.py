@@ -3,21 +3,22 @@
 A primitive takes a ggml op only where the scheduler's rules for that op are safe for it:
 
 - element-wise primitives (add, mul, exp, ...) map to ADD, MUL, UNARY EXP, ... so the
-  allocator's in-place rule (§6.5: same type, ne and nb as a parent that is at its last
+  allocator's in-place rule (``ggml_gallocr_allocate_node``: same type, ne and nb as a parent that is at its last
   use) may apply; they qualify only when every operand has the output's shape or is a
   scalar, so reusing an operand's memory is a true element-wise overwrite;
 - dot_general with one contracting dim, leading batch dims and one free rhs dim is
-  MUL_MAT: the op-offload batch rule (§4) then reads the rows in ``ne[1]``;
+  MUL_MAT: the op-offload batch rule (CUDA's ``get_op_batch_size``) then reads the rows in ``ne[1]``;
 - a row gather (``table[ids]``, ``jnp.take(table, ids, axis=0)``) is GET_ROWS, whose
-  offload batch is 0 (never offloaded, §4), like llama's token embedding;
+  offload batch is 0 (never offloaded by CUDA's ``offload_op``), like llama's token embedding;
 - reshape / squeeze / expand_dims / size-preserving broadcast of a contiguous tensor is a
-  RESHAPE view, transpose a PERMUTE view, slice and split VIEWs (§3.0: views are skipped
-  by the placement passes and take their base's backend; the allocator never plans them);
+  RESHAPE view, transpose a PERMUTE view, slice and split VIEWs (views are skipped by
+  ``ggml_backend_sched_split_graph``'s placement passes and take their base's backend; the allocator
+  never plans them);
 - everything else is an Op.JAX node with ``op_params["primitive"]`` (no in-place, no view).
 
 Every node keeps ``op_params["primitive"]`` so per-backend support can be decided per
 primitive (:mod:`toolkit.trace.support`), and ``extra`` holds the :class:`Step` the executor
-runs: the original inputs (the scheduler redirects ``src`` to copies, §3.5) and a function.
+runs: the original inputs (the scheduler redirects ``src`` to copies in split_graph pass 5) and a function.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def make_nodes(e: EqnView, ins: list[Tensor], name: str) -> list[Tensor]:
             t = _tensor(e.out_shapes[0], e.out_dtypes[0], Op.JAX, ins, name, base)
         fn = binder(e.primitive, e.params, 1)
         if e.name == "dot_general" and t.op is Op.MUL_MAT:
-            # ggml order (weight-like rhs first, §3.1 step 5 reads the first weight src)
+            # ggml order (weight-like rhs first: ``ggml_backend_sched_backend_id_from_cur`` reads the first weight src)
             t.src[0], t.src[1] = ins[1], ins[0]
         t.extra = Step(fn, tuple(ins), e.name, e.where, e.out_shapes[0], e.out_dtypes[0])
         return [t]
@@ -184,7 +185,7 @@ def _single(e: EqnView, ins: list[Tensor], name: str, base: dict[str, Any]) -> T
     if p in _BINARY and _elementwise_ok(e):
         return _tensor(shape, dtype, _BINARY[p], ins, name, base)
     if p in _BINARY and (sw := _commuted(e, ins)) is not None:
-        # ggml broadcasts src1 into src0 (§ ggml_can_repeat): the full operand goes first
+        # ggml broadcasts src1 into src0 (``ggml_can_repeat``): the full operand goes first
         return _tensor(shape, dtype, _BINARY[p], sw[1], name, base)
     if p in _UNARY and _elementwise_ok(e):
         return _tensor(shape, dtype, Op.UNARY, ins, name, {**base, "unary": _UNARY[p]})
@@ -220,7 +221,7 @@ def _single(e: EqnView, ins: list[Tensor], name: str, base: dict[str, Any]) -> T
 
 def _viewable(x: Tensor) -> bool:
     """Views only of nodes, graph inputs and weights. A constant or literal leaf is placed only
-    as the src of a non-view node (§3.4 step 2 gives it that node's backend; a view passes on
+    as the src of a non-view node (split_graph pass 4 gives it that node's backend; a view passes on
     its own unassigned id), so a view of one would leave the leaf without a backend."""
     info = x.base.extra
     return not (isinstance(info, LeafInfo) and info.kind in ("const", "literal"))
@@ -291,7 +292,8 @@ def _packed(e: EqnView, ins: list[Tensor], name: str, base: dict[str, Any]) -> l
     """A multi-output equation: one node holding every output back to back, one VIEW per output.
 
     ggml nodes have one result; packing keeps the outputs' bytes in one allocation that
-    lives until the last view's last user (§6.5 n_views), as the equation produces them together.
+    lives until the last view's last user (``ggml_gallocr_alloc_graph_impl`` counts n_views), as the equation
+    produces them together.
     """
     types = [ggml_type(d) for d in e.out_dtypes]
     sizes = [Tensor(t, ne_of(s)).nbytes for t, s in zip(types, e.out_shapes, strict=True) if t is not None]

@@ -13,7 +13,7 @@ A placement is resolved once per parameter, by its pytree path string (``"w1"``,
 
 Each backend holding weights gets one ``Buffer(backend.buft, Σ nbytes, WEIGHTS)``, as llama.cpp
 allocates one model buffer per buffer type; a weight on a host buft then counts as host
-memory for op offload (§4).
+memory for op offload (``ggml_backend_sched_backend_id_from_cur`` offloads only host weights).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def splits_of(node_backend: Sequence[int], views: Sequence[bool]) -> list[tuple[int, int, int]]:
     """Consecutive runs of non-view nodes on one backend (views stay in the run they sit in),
-    as pass 5 cuts them when no split has inputs to force a new one (§3.5)."""
+    as ``ggml_backend_sched_split_graph`` pass 5 cuts them when no split has inputs to force a new one."""
     out: list[tuple[int, int, int]] = []
     cur, start = -1, 0
     for i, (b, v) in enumerate(zip(node_backend, views, strict=True)):
@@ -65,7 +65,8 @@ class Schedule:
     @classmethod
     def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
-        """reserve on one build, alloc_graph on another (a graph is split once, §3)."""
+        """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's
+        srcs, so a graph is split once)."""
         from toolkit.sched import Scheduler
 
         first = traced.build()
@@ -171,7 +172,7 @@ class Schedule:
                 values[id(t)] = jax.device_put(p_values[info.index], devs[b])
                 homes[id(t)] = b
             elif info.kind == "input":
-                # graph inputs start on the last (CPU) backend (§3.1 step 4)
+                # graph inputs start on the last (CPU) backend (``ggml_backend_sched_backend_id_from_cur``)
                 values[id(t)] = jax.device_put(flat_args[info.index], devs[last])
                 homes[id(t)] = last
             else:

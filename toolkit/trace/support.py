@@ -4,11 +4,12 @@ Every traced node carries ``op_params["primitive"]``, so a backend can refuse a 
 whatever ggml op it mapped to (``lacking(sim, "cumsum", "erf")``) or accept only a set
 (``only(accel, {"dot_general", "add"})``). The scheduler then treats such nodes exactly as
 ggml treats an op a device does not support: pass 2 does not expand onto it, pass 3 picks the
-backend with the most supported inputs, pass 4 the first supporting one (§3.2–3.4).
+backend with the most supported inputs, pass 4 the first supporting one
+(the passes of ``ggml_backend_sched_split_graph``).
 
 Op offload needs nothing new: a profile's ``offload_op`` reads the node's ggml op and ``ne``,
 so a MUL_MAT-mapped dot_general offloads by its rows (``ne[1]``), a GET_ROWS gather never, and
-an Op.JAX node by ``ne[1]*ne[2]*ne[3]`` — the batch rule of §4.
+an Op.JAX node by ``ne[1]*ne[2]*ne[3]`` — the batch rule of CUDA's ``get_op_batch_size``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def only(backend: Backend, primitives: Iterable[str]) -> Backend:
 
 
 def offload_batch(t: Tensor) -> int:
-    """The op-offload batch size of a node (§4, the CUDA rule the simulated devices use)."""
+    """The op-offload batch size of a node (CUDA's ``get_op_batch_size``, the rule the simulated devices use)."""
     return cuda_batch_size(t)
 
 

@@ -3,7 +3,8 @@
 The device picker takes short specs: ``cpu`` (the CPU backend alone), ``rpc:N`` (N RPC-like
 servers), ``sim:N`` / ``cuda:N`` (N simulated / CUDA-like accelerators), each non-RPC device
 optionally with a compute memory budget in MiB (what makes the pipeline-parallel fallback
-reachable, §7.5). They become ``ContextParams.devices`` (``toolkit.models.devices``); the CPU
+reachable: ``llama_context::sched_reserve`` retries without pipeline parallelism when the
+compute buffers do not fit). They become ``ContextParams.devices`` (``toolkit.models.devices``); the CPU
 backend is always added last.
 """
 

@@ -43,8 +43,9 @@ from toolkit.ui.inspect import diff_html, explanation_html, tensor_html
 from toolkit.ui.layers import Collapse
 from toolkit.ui.text import badge_html, badge_text
 
-# dashboard control -> keyword of ctx.update (the context's cparams names, §7)
-# (max_nodes / parallel are the context's overrides of graph_max_nodes and the §7.3 rule)
+# dashboard control -> keyword of ctx.update (the context's cparams names, as in llama_context's cparams)
+# (max_nodes / parallel are the context's overrides of llama_context::graph_max_nodes and of the
+# constructor's pipeline-parallelism condition)
 UPDATE_KEYS: dict[str, str] = {
     "max_nodes": "max_nodes", "parallel": "parallel", "op_offload": "op_offload",
     "n_ctx": "n_ctx", "n_batch": "n_batch", "n_ubatch": "n_ubatch", "flash_attn": "flash_attn",
@@ -72,7 +73,7 @@ def _options(lo: int, hi: int, current: int) -> list[int]:
 
 
 def parse_max_nodes(value: str) -> int | None:
-    """``auto`` (llama.cpp's graph_max_nodes formula, §7.2) -> None; otherwise a positive integer."""
+    """``auto`` (llama.cpp's ``llama_context::graph_max_nodes`` formula) -> None; otherwise a positive integer."""
     v = str(value).strip().lower()
     if v in ("", "auto"):
         return None
@@ -170,7 +171,7 @@ class Dashboard:
             "max_nodes": W.Text(value=str(getattr(self.ctx, "max_nodes_override", None) or "auto"),
                                 description="max_nodes", continuous_update=False, style=style,
                                 placeholder="auto or a number", layout=W.Layout(width="200px"),
-                                tooltip="auto = llama.cpp's graph_max_nodes: max(1024, 8 × n_tensors) (§7.2)"),
+                                tooltip="auto = llama.cpp's llama_context::graph_max_nodes: max(1024, 8 × n_tensors)"),
             "parallel": W.Checkbox(value=bool(parallel), description="pipeline parallelism", indent=False),
             "op_offload": W.Checkbox(value=bool(op_offload), description="op offload", indent=False),
             "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
@@ -381,7 +382,8 @@ class Dashboard:
         self._draw()
 
     def _sync_flags(self, parallel: bool, op_offload: bool) -> None:
-        # the fallback clears pipeline_parallel (§7.5): the checkbox shows what the context uses
+        # the fallback of llama_context::sched_reserve clears pipeline_parallel: the checkbox shows what
+        # the context uses
         self._syncing = True
         try:
             self.controls["parallel"].value = bool(parallel)

@@ -131,7 +131,8 @@ def _buft_order(ev: ReserveEvent) -> list[str]:
 def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
     """Left: the newest reserve's buffers per buffer type (compute allocated vs needed, KV, weights,
     output, scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
-    buffer type across events -- under reuse the allocated line stays at its maximum (§8)."""
+    buffer type across events -- under reuse the allocated line stays at its maximum (a kept
+    scheduler's buffers only grow, llama.cpp #32009)."""
     # built as plain dicts and validated once: make_subplots and update_* calls each re-validate the
     # figure, which took most of this figure's drawing time on an 8B graph
     layout = base_layout("buffer sizes", height=340, barmode="group")

@@ -45,7 +45,8 @@ def reasons_text(ev: ReserveEvent) -> str:
     if ev.previous is None and ev.decision != "error":
         return "first scheduler"
     if ev.decision == "reused" and ev.previous is not None:
-        # nothing differed: say what the rule compared (§8: max_nodes <= held, same flags)
+        # nothing differed: say what the rule compared (llama_context::sched_new of #32009: max_nodes <= held,
+        # same flags)
         return f"max_nodes {ev.params.max_nodes} <= {ev.previous.max_nodes}, same flags"
     return ""
 
@@ -59,7 +60,8 @@ def held_host_metadata(events: Sequence[ReserveEvent]) -> int:
 
 
 def effect_text(ev: ReserveEvent) -> str:
-    """What the decision cost or saved (§8: reuse avoids re-allocating host metadata and buffers)."""
+    """What the decision cost or saved (keeping the scheduler, as llama.cpp #32009 does, avoids re-allocating host
+    metadata and buffers)."""
     planning = f"planning {total_ms(ev):.2f} ms"
     if ev.decision == "reused":
         return f"saved {mib(ev.saved_host_metadata_bytes)} host metadata · {planning}"
@@ -155,7 +157,8 @@ def split_map_text(plan: Plan, collapse: Collapse = "layer") -> str:
 
 
 def chunk_bases(b: BufferPlan) -> list[int]:
-    """Start of each chunk when a buffer's chunks are drawn one above the other (§6.2)."""
+    """Start of each chunk when a buffer's chunks are drawn one above the other (ggml's vbuffer: one backend
+    buffer per chunk)."""
     bases, acc = [], 0
     for c in b.chunks:
         bases.append(acc)

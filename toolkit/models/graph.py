@@ -1,0 +1,291 @@
+"""The shared blocks of llama.cpp's graph builders (``llm_graph_context``), node for node.
+
+Each architecture is a small subclass of :class:`GraphBuilder` that writes its layer loop
+with these blocks, as llama.cpp's ``src/models/*.cpp`` do:
+
+- inputs: ``build_inp_embd`` (token path selected, the vector-embedding input expanded beside
+  it), ``build_inp_pos``, ``build_inp_out_ids``, the KV inputs (``build_attn_inp_kv``, or
+  ``build_attn_inp_kv_iswa`` with a second set of indices and a second mask for the SWA cache);
+- ``build_norm`` (RMS norm named ``norm``, times the weight);
+- ``build_attn``: the KV-cache writes (``cpy_k``/``cpy_v``, SET_ROWS into views of the cache),
+  the KV views, flash attention (one FLASH_ATTN_EXT) or KQ → softmax → KQV, and the output
+  projection; Q, V, K (iSWA: Q, K, V) are expanded first so they are not reordered;
+- ``build_ffn``: the gated FFN (``LLM_FFN_PAR``) with SILU (SWIGLU) or GELU (GEGLU);
+- :meth:`GraphBuilder.ffn` is the per-layer FFN slot an architecture calls; another FFN
+  (a mixture of experts) plugs in by overriding it.
+
+The graph callback's naming (``"<name>-<il>"``) and the tensors it records for the
+scheduler pins live in :meth:`GraphBuilder.cb`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from toolkit.ggml import ops
+from toolkit.ggml.graph import Graph
+from toolkit.ggml.tensor import Tensor
+from toolkit.ggml.types import F16, F32, I32, GGMLType
+from toolkit.models.loader import KVCache, LoadedModel
+
+I64 = GGMLType.I64
+ROPE_TYPE_NORM = 0
+ROPE_TYPE_NEOX = 2
+
+
+@dataclass
+class LlamaGraph:
+    """A built graph and what llama.cpp's callback and probes need to know about it."""
+
+    graph: Graph
+    n_tokens: int
+    n_seqs: int
+    n_outputs: int
+    flash_attn: bool
+    norms: list[tuple[Tensor, int]] = field(default_factory=list)      # ("norm", il) tensors for the norm pin
+    named: list[tuple[Tensor, str, int]] = field(default_factory=list)  # every (tensor, name, il) the callback saw
+    fa_nodes: list[tuple[Tensor, int]] = field(default_factory=list)   # FLASH_ATTN_EXT per layer (FA auto probe)
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    logits: Tensor | None = None
+    embd: Tensor | None = None
+
+
+@dataclass
+class AttnInput:
+    """One KV cache's graph inputs: the write indices and the mask (``llm_graph_input_attn_kv``)."""
+
+    kv: KVCache
+    k_idxs: Tensor
+    v_idxs: Tensor
+    kq_mask: Tensor
+
+
+class GraphBuilder:
+    """Builds the graph for one ubatch shape over a loaded model and its KV cache(s).
+
+    Subclasses implement :meth:`build_layers` (everything between the input embedding and the
+    output norm) and may override :meth:`ffn`.
+    """
+
+    # build_attn's expansion order of Q, K, V: llama_kv_cache's is Q, V, K; the iSWA one's Q, K, V
+    def __init__(self, model: LoadedModel, kv: KVCache, *, flash_attn: bool, graph_size: int,
+                 kv_swa: KVCache | None = None) -> None:
+        self.model = model
+        self.hp = model.hparams
+        self.kv = kv
+        self.kv_swa = kv_swa
+        self.flash_attn = flash_attn
+        self.graph_size = graph_size
+
+    # ---- the graph callback (llama_context::graph_get_cb); pins are applied by the context -------
+    def cb(self, res: LlamaGraph, t: Tensor, name: str, il: int) -> Tensor:
+        t.name = f"{name}-{il}" if il >= 0 else name
+        res.named.append((t, name, il))
+        if name == "norm" and il >= 0:
+            res.norms.append((t, il))
+        return t
+
+    # ---- the frame every architecture shares -------------------------------------------------
+    def build(self, n_tokens: int, n_seqs: int, n_outputs: int) -> LlamaGraph:
+        if n_tokens <= 0 or n_seqs <= 0:
+            raise ValueError(f"a ubatch needs n_tokens >= 1 and n_seqs >= 1, got {n_tokens} and {n_seqs}")
+        res = LlamaGraph(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn)
+        cur = self.build_layers(res)
+        m = self.model
+        cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
+        self.cb(res, cur, "result_norm", -1)
+        res.embd = cur
+        assert m.output is not None
+        cur = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
+        res.logits = cur
+        res.graph.build_forward_expand(cur)
+        # llm_graph_result::set_outputs: logits and embeddings are graph outputs
+        res.logits.set_output()
+        res.embd.set_output()
+        return res
+
+    def build_layers(self, res: LlamaGraph) -> Tensor:
+        raise NotImplementedError
+
+    # ---- inputs ---------------------------------------------------------------------------------
+    def build_inp_embd(self, res: LlamaGraph) -> Tensor:
+        """The token path is selected; the vector-embedding input is still added to the graph."""
+        gf, n_tokens = res.graph, res.n_tokens
+        tokens = ops.new_tensor_1d(I32, n_tokens, "inp_tokens").set_input()
+        inp_embd = ops.new_tensor_2d(F32, self.hp.n_embd, n_tokens, "inp_embd").set_input()
+        cur = ops.get_rows(self.model.w("token_embd.weight"), tokens)
+        gf.build_forward_expand(cur)
+        gf.build_forward_expand(inp_embd)
+        self.cb(res, cur, "embd", -1)
+        res.inputs.update(inp_tokens=tokens, inp_embd=inp_embd)
+        return cur
+
+    def build_inp_pos(self, res: LlamaGraph) -> Tensor:
+        t = ops.new_tensor_1d(I32, res.n_tokens).set_input()
+        res.inputs["inp_pos"] = t
+        return t
+
+    def _attn_inp(self, res: LlamaGraph, kv: KVCache, suffix: str) -> AttnInput:
+        n_tokens = res.n_tokens
+        k_idxs = ops.new_tensor_1d(I64, n_tokens).set_input()
+        v_idxs = ops.new_tensor_1d(I64, n_tokens * (self.hp.n_embd_v_gqa if kv.v_trans else 1)).set_input()
+        mask_type = F16 if self.flash_attn else F32
+        kq_mask = ops.new_tensor_4d(mask_type, kv.kv_size, n_tokens // kv.n_stream, 1, kv.n_stream,
+                                    "attn_inp_kq_mask")
+        kq_mask.set_input()
+        res.inputs.update({f"k_idxs{suffix}": k_idxs, f"v_idxs{suffix}": v_idxs, f"kq_mask{suffix}": kq_mask})
+        return AttnInput(kv, k_idxs, v_idxs, kq_mask)
+
+    def build_attn_inp_kv(self, res: LlamaGraph) -> AttnInput:
+        """``build_attn_inp_kv``: the write indices and the mask of the (single) KV cache."""
+        return self._attn_inp(res, self.kv, "")
+
+    def build_attn_inp_kv_iswa(self, res: LlamaGraph) -> tuple[AttnInput, AttnInput]:
+        """``build_attn_inp_kv_iswa``: the non-SWA cache's inputs, then the SWA cache's."""
+        assert self.kv_swa is not None
+        return self._attn_inp(res, self.kv, ""), self._attn_inp(res, self.kv_swa, "_swa")
+
+    def build_inp_out_ids(self, res: LlamaGraph) -> Tensor:
+        t = ops.new_tensor_1d(I32, res.n_outputs).set_input()
+        res.inputs["inp_out_ids"] = t
+        return t
+
+    # ---- blocks ---------------------------------------------------------------------------------
+    def build_norm(self, res: LlamaGraph, x: Tensor, w: Tensor, il: int) -> Tensor:
+        """``build_norm(LLM_NORM_RMS)``: ``norm`` (RMS_NORM) times the weight."""
+        cur = self.cb(res, ops.rms_norm(x, self.hp.eps), "norm", il)
+        return ops.mul(cur, w)
+
+    def rope(self, x: Tensor, pos: Tensor, il: int) -> Tensor:
+        """``ggml_rope_ext`` with the layer's base and ``rope_freqs`` (the freq-factors source) if any."""
+        hp = self.hp
+        factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
+        return ops.rope_ext(x, pos, factors, hp.n_rot, ROPE_TYPE_NORM if hp.arch == "llama" else ROPE_TYPE_NEOX,
+                            hp.n_ctx_train, hp.rope_base(il))
+
+    def wo_in(self, il: int) -> Tensor:
+        return self.model.w(f"blk.{il}.attn_output.weight")
+
+    def build_attn(self, res: LlamaGraph, inp: AttnInput, il: int, q: Tensor, k_cur: Tensor, v_cur: Tensor,
+                   kq_scale: float, *, iswa: bool = False) -> Tensor:
+        """``build_attn``: store K and V, attend, project with ``attn_output`` (kqv_out, then wo)."""
+        gf = res.graph
+        # expand Q, V, K (iSWA: Q, K, V) together so they are not reordered (fewer splits)
+        gf.build_forward_expand(q)
+        for t in ((k_cur, v_cur) if iswa else (v_cur, k_cur)):
+            gf.build_forward_expand(t)
+        gf.build_forward_expand(self._cpy_k(inp.kv, k_cur, inp.k_idxs, il))
+        gf.build_forward_expand(self._cpy_v(inp.kv, v_cur, inp.v_idxs, il))
+        k = self._get_k(inp.kv, il)
+        v = self._get_v(inp.kv, il)
+        cur = self._attn_mha(res, il, q, k, v, inp.kq_mask, kq_scale)
+        self.cb(res, cur, "kqv_out", il)
+        return ops.mul_mat(self.wo_in(il), cur)
+
+    def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
+        """The layer's FFN slot: the dense gated FFN (a mixture of experts overrides this)."""
+        return self.build_ffn(res, il, cur, "silu")
+
+    def build_ffn(self, res: LlamaGraph, il: int, cur: Tensor, act: str) -> Tensor:
+        """``build_ffn(LLM_FFN_SILU | LLM_FFN_GELU, LLM_FFN_PAR)``: up, gate, swiglu/geglu(gate, up), down."""
+        p = f"blk.{il}."
+        m, cb = self.model, self.cb
+        tmp = cb(res, ops.mul_mat(m.w(p + "ffn_up.weight"), cur), "ffn_up", il)
+        cur = cb(res, ops.mul_mat(m.w(p + "ffn_gate.weight"), cur), "ffn_gate", il)
+        if act == "silu":
+            cur = cb(res, ops.swiglu_split(cur, tmp), "ffn_swiglu", il)
+        elif act == "gelu":
+            cur = cb(res, ops.geglu_split(cur, tmp), "ffn_geglu", il)
+        else:
+            raise ValueError(f"FFN activation {act!r} is not built; known: silu, gelu")
+        return cb(res, ops.mul_mat(m.w(p + "ffn_down.weight"), cur), "ffn_down", il)
+
+    # ---- the KV cache (llama_kv_cache::cpy_k / cpy_v / get_k / get_v) ----------------------------
+    def _cpy_k(self, kv: KVCache, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
+        k = kv.k_of(il)
+        n_embd_gqa = k_cur.ne[0] * k_cur.ne[1]
+        k_view = ops.view_2d(k_cur, n_embd_gqa, k_cur.ne[2], k_cur.nb[2], 0)
+        if k.ne[2] > 1:  # merge the streams: the idxs are global
+            k = ops.reshape_2d(k, n_embd_gqa, k.ne[1] * k.ne[2])
+        return ops.set_rows(k, k_view, k_idxs)
+
+    def _cpy_v(self, kv: KVCache, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:
+        v = kv.v_of(il)
+        n_embd_gqa = v_cur.ne[0] * v_cur.ne[1]
+        n_tokens = v_cur.ne[2]
+        if not kv.v_trans:
+            v_view = ops.view_2d(v_cur, n_embd_gqa, n_tokens, v_cur.nb[2], 0)
+            if v.ne[2] > 1:
+                v = ops.reshape_2d(v, v.ne[0], v.ne[1] * v.ne[2])
+            return ops.set_rows(v, v_view, v_idxs)
+        # transposed V: every element is its own row
+        v_cur2 = ops.reshape_2d(v_cur, n_embd_gqa, n_tokens)
+        v_rows = ops.reshape_2d(v, 1, v.ne[0] * v.ne[1] * v.ne[2])
+        v_cur2 = ops.reshape_2d(v_cur2, 1, v_cur2.nelements)
+        return ops.set_rows(v_rows, v_cur2, v_idxs)
+
+    def _get_k(self, kv: KVCache, il: int) -> Tensor:
+        k = kv.k_of(il)
+        hp = self.hp
+        t = k.type
+        H, n_kv, ns = hp.n_embd_head, kv.kv_size, kv.n_stream
+        return ops.view_4d(k, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(k.ne[0]),
+                           t.row_size(k.ne[0] * n_kv), 0)
+
+    def _get_v(self, kv: KVCache, il: int) -> Tensor:
+        v = kv.v_of(il)
+        hp = self.hp
+        t = v.type
+        H, n_kv, ns = hp.n_embd_head, kv.kv_size, kv.n_stream
+        if not kv.v_trans:
+            return ops.view_4d(v, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(v.ne[0]),
+                               t.row_size(v.ne[0] * n_kv), 0)
+        return ops.view_4d(v, n_kv, hp.n_head_kv, H, ns, t.row_size(n_kv * H), t.row_size(n_kv),
+                           t.row_size(n_kv * v.ne[0]), 0)
+
+    def _attn_mha(self, res: LlamaGraph, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
+                  kq_scale: float) -> Tensor:
+        cb = self.cb
+        v_trans = v.nb[1] > v.nb[2]
+        n_stream = k.ne[3]
+        q = ops.view_4d(q, q.ne[0], q.ne[1], q.ne[2] // n_stream, n_stream, q.nb[1], q.nb[2],
+                        q.nb[3] // n_stream, 0)
+        q = ops.permute(q, 0, 2, 1, 3)
+        k = ops.permute(k, 0, 2, 1, 3)
+        v = ops.permute(v, 0, 2, 1, 3)
+        if self.flash_attn:
+            if v_trans:
+                v = ops.transpose(v)
+            cur = ops.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0, 0.0)
+            res.fa_nodes.append((cur, il))
+            cur = ops.reshape_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+        else:
+            kq = cb(res, ops.mul_mat(k, q), "kq", il)
+            kq = cb(res, ops.soft_max_ext(kq, kq_mask, kq_scale, 0.0), "kq_soft_max", il)
+            if not v_trans:
+                v = cb(res, ops.cont(ops.transpose(v)), "v_cont", il)
+            kqv = cb(res, ops.mul_mat(v, kq), "kqv", il)
+            cur = ops.permute(kqv, 0, 2, 1, 3)
+            cur = ops.cont_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+            # the callback sees the merged heads first: with -nkvo it pins this node to the CPU
+            cb(res, cur, "kqv_merged_cont", il)
+        res.graph.build_forward_expand(cur)
+        return cur
+
+    # ---- pieces the architectures share ---------------------------------------------------------
+    def qkv(self, res: LlamaGraph, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V projections reshaped to heads (``Qcur``/``Kcur``/``Vcur``)."""
+        hp, m, cb = self.hp, self.model, self.cb
+        p = f"blk.{il}."
+        H, n_tokens = hp.n_embd_head, cur.ne[1]
+        q = cb(res, ops.mul_mat(m.w(p + "attn_q.weight"), cur), "Qcur", il)
+        k = cb(res, ops.mul_mat(m.w(p + "attn_k.weight"), cur), "Kcur", il)
+        v = cb(res, ops.mul_mat(m.w(p + "attn_v.weight"), cur), "Vcur", il)
+        q = cb(res, ops.reshape_3d(q, H, hp.n_head, n_tokens), "Qcur", il)
+        k = cb(res, ops.reshape_3d(k, H, hp.n_head_kv, n_tokens), "Kcur", il)
+        v = cb(res, ops.reshape_3d(v, H, hp.n_head_kv, n_tokens), "Vcur", il)
+        return q, k, v
+
+    def kq_scale(self) -> float:
+        return 1.0 / math.sqrt(float(self.hp.n_embd_head))
