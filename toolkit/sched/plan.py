@@ -107,7 +107,7 @@ class Plan:
     def n_splits(self) -> int:
         return len(self.splits)
 
-    def explain(self, node: int | str) -> NodeExplanation:
+    def explain(self, node: int | str | NodePlacement) -> NodeExplanation:
         """What, where and why for one node (index or name): :func:`toolkit.sched.explain.explain`."""
         from toolkit.sched.explain import explain
         return explain(self, node)

@@ -442,7 +442,7 @@ class Dashboard:
                 self.inspected = None
                 self.inspect.value = tensor_html(plan, node)
                 return None
-            e = plan.explain(int(node) if isinstance(node, (int, float)) else node)
+            e = plan.explain(node if isinstance(node, str) else int(node))   # plotly may hand numpy numbers
         except ValueError as err:
             self.inspect.value = f"<span class='toolkit-inspect-error'>{html.escape(str(err))}</span>"
             return None
