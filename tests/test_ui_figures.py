@@ -170,7 +170,8 @@ def test_split_map_collapsed_and_detailed() -> None:
     node_bars = [t for t in fig.data if isinstance(t, go.Bar) and t.y[0].startswith("nodes")]
     assert sum(sum(t.x) for t in node_bars) == plan.n_nodes
     assert {t.name for t in node_bars} == {"CPU", "CUDA0", "CUDA1"}
-    assert len([t for t in fig.data if isinstance(t, go.Bar) and t.y[0] == "splits"]) == plan.n_splits
+    (split_bars,) = [t for t in fig.data if isinstance(t, go.Bar) and t.y[0] == "splits"]   # one trace
+    assert list(split_bars.base) == [s.i_start for s in plan.splits]
     assert len(fig.layout.shapes) == plan.n_splits - 1           # boundaries between splits
     copies = next(t for t in fig.data if t.name == "input copies")
     assert list(copies.x) == [s.i_start for s in plan.splits if s.inputs]

@@ -100,3 +100,17 @@ def test_a_bad_control_value_is_shown_and_the_state_kept() -> None:
     assert dash.figures["split_map"].to_dict() == drawn
     dash.controls["max_nodes"].value = "1000"                     # a good value clears the error
     assert dash.error is None and dash.ctx.events[-1].decision == "reused"
+
+
+def test_click_on_a_split_lists_its_inputs_and_copies() -> None:
+    dash = offload_dashboard()
+    plan = dash.ctx.events[-1].plan
+    assert plan is not None
+    # with op offload on, a split whose inputs include a host weight copied to SIM0
+    sp = next(s for s in plan.splits if any(i.is_weight for i in s.inputs))
+    bars = next(t for t in dash.figures["split_map"].data if t.name == "splits")
+    click(dash, "split_map", "splits", list(bars.customdata).index(f"split:{sp.index}"))
+    html = dash.inspect.value
+    assert f"data-split='{sp.index}'" in html and f"data-inputs='{len(sp.inputs)}'" in html
+    w = next(i for i in sp.inputs if i.is_weight)
+    assert f"{sp.backend}#{w.name}#0" in html and "(weight)" in html

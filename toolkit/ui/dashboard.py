@@ -39,7 +39,7 @@ from toolkit.ui.choices import (
     preset_label,
     preset_of,
 )
-from toolkit.ui.inspect import diff_html, explanation_html, tensor_html
+from toolkit.ui.inspect import diff_html, explanation_html, split_html, tensor_html
 from toolkit.ui.layers import Collapse
 from toolkit.ui.text import badge_html, badge_text
 
@@ -433,11 +433,16 @@ class Dashboard:
         """Show one node (graph index or name) of the newest plan in the inspect panel, as a click does.
 
         A split input copy (``CUDA0#x#0``) or a graph input planned by the allocator that is not
-        a node is shown with its allocation and the nodes that read it."""
+        a node is shown with its allocation and the nodes that read it; ``"split:K"`` shows split
+        K's inputs and their copies."""
         plan = self._plan
         if plan is None:
             return None
         try:
+            if isinstance(node, str) and node.startswith("split:") and node[6:].isdigit():
+                self.inspected = None
+                self.inspect.value = split_html(plan, int(node[6:]))
+                return None
             if isinstance(node, str) and not any(n.name == node for n in plan.nodes):
                 self.inspected = None
                 self.inspect.value = tensor_html(plan, node)

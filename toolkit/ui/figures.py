@@ -240,15 +240,21 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer", width: int = 960)
                              orientation="h", name=rs[0].backend, marker_color=backend_colour(bid),
                              marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, hovertext=hover,
                              hoverinfo="text", legendgroup=rs[0].backend))
+    # every split one bar of a single trace (colour per backend): a graph with hundreds of splits stays one trace
+    hover_splits = []
     for s in plan.splits:
         ins = "<br>".join(f"{i.name} from {i.src_backend} ({size_label(i.nbytes)}{', weight' if i.is_weight else ''})"
-                          for i in s.inputs) or "no inputs"
-        fig.add_trace(go.Bar(y=["splits"], x=[max(s.i_end - s.i_start, 1)], base=[s.i_start], orientation="h",
-                             marker_color=backend_colour(s.backend_id), marker_pattern_shape="/",
-                             marker_line={"width": 1, "color": NEUTRAL_TEXT}, showlegend=False,
-                             hovertext=[f"<b>split {s.index}</b> · {s.backend}<br>nodes {s.i_start}..{s.i_end - 1}"
-                                        f"<br>inputs ({len(s.inputs)}/{s.inputs_capacity}):<br>{ins}"],
-                             hoverinfo="text", text=[f"{s.index}"], textposition="inside"))
+                          for i in s.inputs[:20]) or "no inputs"
+        more = f"<br>… and {len(s.inputs) - 20} more" if len(s.inputs) > 20 else ""
+        hover_splits.append(f"<b>split {s.index}</b> · {s.backend}<br>nodes {s.i_start}..{s.i_end - 1}"
+                            f"<br>inputs ({len(s.inputs)}/{s.inputs_capacity}):<br>{ins}{more}")
+    fig.add_trace(go.Bar(y=["splits"] * len(plan.splits), x=[max(s.i_end - s.i_start, 1) for s in plan.splits],
+                         base=[s.i_start for s in plan.splits], orientation="h", name="splits",
+                         marker={"color": [backend_colour(s.backend_id) for s in plan.splits],
+                                 "pattern": {"shape": "/"}, "line": {"width": 1, "color": NEUTRAL_TEXT}},
+                         showlegend=False, hovertext=hover_splits, hoverinfo="text",
+                         customdata=[f"split:{s.index}" for s in plan.splits],     # a click lists its inputs
+                         text=[f"{s.index}" for s in plan.splits], textposition="inside"))
     # split boundaries as one batch of shapes (add_vline per split is slow on big graphs)
     fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": s.i_start, "x1": s.i_start,
                                "y0": 0, "y1": 1, "line": {"dash": "dash", "color": NEUTRAL_TEXT, "width": 1}}
@@ -260,7 +266,7 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer", width: int = 960)
             marker={"symbol": "triangle-down", "size": 11, "color": [backend_colour(s.backend_id) for s in with_inputs],
                     "line": {"width": 1, "color": NEUTRAL_TEXT}},
             text=[str(len(s.inputs)) for s in with_inputs], textposition="middle right",
-            name="input copies",
+            name="input copies", customdata=[f"split:{s.index}" for s in with_inputs],
             hovertext=[f"split {s.index} copies {len(s.inputs)} input(s), "
                        f"{size_label(sum(i.nbytes for i in s.inputs))}" for s in with_inputs],
             hoverinfo="text"))

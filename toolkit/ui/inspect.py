@@ -79,6 +79,30 @@ def tensor_html(plan: Plan, name: str) -> str:
             + "<br>".join(rows) + "</div>")
 
 
+def split_html(plan: Plan, index: int) -> str:
+    """One split: its backend and nodes, and each input copied in with the copies the scheduler made."""
+    sp = next((s for s in plan.splits if s.index == index), None)
+    if sp is None:
+        return f"<span class='toolkit-inspect-error'>split {index} is not in the plan</span>"
+    readers: dict[str, list[str]] = {}
+    for n in plan.nodes:
+        if n.split == sp.index:
+            for src in n.srcs:
+                cp = parse_copy_name(src)
+                if cp is not None and cp.backend == sp.backend:
+                    readers.setdefault(cp.src, []).append(n.name)
+    rows = [[_e(i.name) + (" <b>(weight)</b>" if i.is_weight else ""), _e(i.src_backend), nbytes_exact(i.nbytes),
+             _e(", ".join(f"{sp.backend}#{i.name}#{c}" for c in range(plan.n_copies))),
+             _e(", ".join(readers.get(i.name, [])[:4]))] for i in sp.inputs]
+    head = (f"<b>split {sp.index}</b> · {_e(sp.backend)} · nodes {sp.i_start}..{sp.i_end - 1} · "
+            f"{len(sp.inputs)} input(s) of capacity {sp.inputs_capacity} · "
+            f"{nbytes_exact(sum(i.nbytes for i in sp.inputs))} copied per run")
+    return (f"<div class='toolkit-explain toolkit-explain-split' data-split='{sp.index}' "
+            f"data-backend='{_e(sp.backend)}' data-inputs='{len(sp.inputs)}'>{head}"
+            + (_table(["input", "from", "bytes", "copies", "read by"], rows, "toolkit-explain-inputs") if rows else "")
+            + "</div>")
+
+
 def _signed(n: int) -> str:
     if n == 0:
         return "="
@@ -139,4 +163,4 @@ def diff_html(d: EventDiff) -> str:
             + "".join(parts) + "</div>")
 
 
-__all__ = ["diff_html", "explanation_html", "tensor_html"]
+__all__ = ["diff_html", "explanation_html", "split_html", "tensor_html"]
