@@ -43,6 +43,7 @@ lab: $(VENV)/.installed
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check toolkit tests
+	$(VENV)/bin/lint-imports
 
 typecheck: $(VENV)/.installed-dev
 	$(PY) -m mypy toolkit
@@ -51,11 +52,13 @@ typecheck: $(VENV)/.installed-dev
 unit: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# all three steps run even when one fails, so one run shows every problem; any failure fails
+# all four steps run even when one fails, so one run shows every problem; any failure fails.
+# lint-imports checks the layer contracts in pyproject.toml; pytest runs the docstring examples too.
 test: $(VENV)/.installed-dev
 	@status=0; \
 	echo "== ruff check toolkit tests"; $(PY) -m ruff check toolkit tests || status=1; \
 	echo "== mypy toolkit"; $(PY) -m mypy toolkit || status=1; \
+	echo "== lint-imports"; $(VENV)/bin/lint-imports || status=1; \
 	echo "== pytest $(PYTEST_ARGS)"; $(PY) -m pytest $(PYTEST_ARGS) || status=1; \
 	exit $$status
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.context import Context  # noqa: E402
 from toolkit.models import ContextParams, presets  # noqa: E402
+from toolkit.sched.gallocr import merged_intervals  # noqa: E402
 from toolkit.sched.offline import Interval, plan_offline  # noqa: E402
-from toolkit.sched.report import merged_intervals  # noqa: E402
 
 COLS = ["model", "n_ctx", "fa", "nodes", "ggml", "offline", "lower bound", "ggml/LB", "offline/LB",
         "ggml walk us/node", "offline us/node", "reuse ms", "rebuild ms", "sched_new ms"]
@@ -66,13 +66,12 @@ def offline_plan_time(ctx: Context, repeat: int) -> float:
 
 def ggml_plan_time(ctx: Context, repeat: int) -> float | None:
     """Seconds of ggml's planning walk (``ggml_gallocr_alloc_graph_impl``) over the last split graph, the
-    minimum over ``repeat`` runs; None when the scheduler does not expose its graph_copy (the walk is then
-    not timed)."""
+    minimum over ``repeat`` runs; None before the scheduler split a graph."""
     s = ctx.scheduler
-    try:
-        args = (s.graph_copy_nodes, s.graph_copy_leafs, s._node_ids, s._leaf_ids)
-    except AttributeError:
+    a = s.assignment
+    if a is None:
         return None
+    args = (a.graph_copy_nodes, a.graph_copy_leafs, a.node_ids, a.leaf_ids)
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()

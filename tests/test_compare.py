@@ -11,7 +11,7 @@ from __future__ import annotations
 from test_sched_explain import hand_plan
 
 from toolkit.compare import compare, default_pair
-from toolkit.context import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.ui.text import diff_text
 
 MIB = 1 << 20

@@ -1,10 +1,11 @@
-"""Bad input raises ValueError naming the value and the limit; the context and its scheduler stay usable."""
+"""Bad input raises a ToolkitError naming the value and the limit; the context and its scheduler stay usable."""
 
 from __future__ import annotations
 
 import pytest
 
 from toolkit.context import Context
+from toolkit.errors import ParameterError, ToolkitError
 from toolkit.models import ContextParams, presets
 
 
@@ -28,7 +29,7 @@ def test_bad_input_keeps_the_context(changes: dict, words: tuple[str, ...]) -> N
     ctx = _ctx()
     s0, sizes0, params0, cp0 = ctx.scheduler, ctx.compute_buffers_bytes(), ctx.sched_params_cur, ctx.cparams
     n_events = len(ctx.events)
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ToolkitError) as e:
         ctx.update(**changes)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
@@ -43,7 +44,7 @@ def test_bad_input_keeps_the_context(changes: dict, words: tuple[str, ...]) -> N
 
 
 def test_too_small_max_nodes_at_creation() -> None:
-    with pytest.raises(ValueError, match="max_nodes=50 is too small"):
+    with pytest.raises(ParameterError, match="max_nodes=50 is not accepted.*too small"):
         Context(presets.tiny(), ContextParams(n_ctx=256, n_gpu_layers=0), max_nodes=50)
 
 
@@ -59,3 +60,21 @@ def test_a_reused_scheduler_still_needs_graph_capacity() -> None:
 def test_quantized_v_cache_needs_flash_attention() -> None:
     with pytest.raises(ValueError, match="V cache quantization \\(q8_0\\) requires flash_attn"):
         Context(presets.small(), ContextParams(n_ctx=256, flash_attn="off", type_v="q8_0", n_gpu_layers=0))
+
+
+def test_a_bug_propagates_unchanged_and_the_state_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only expected errors (ToolkitError) become error events; anything else escapes as it is,
+    after the transactional update has put the previous scheduler and params back."""
+    ctx = _ctx()
+    s0, params0, cp0, n_events = ctx.scheduler, ctx.sched_params_cur, ctx.cparams, len(ctx.events)
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise KeyError("a bug in a reserve")
+
+    monkeypatch.setattr(ctx, "sched_reserve", broken)
+    with pytest.raises(KeyError, match="a bug in a reserve"):
+        ctx.update(n_ctx=512)
+    assert ctx.scheduler is s0 and ctx.sched_params_cur == params0 and ctx.cparams == cp0
+    assert len(ctx.events) == n_events            # no error event for a bug
+    monkeypatch.undo()
+    assert ctx.update(n_ctx=512).decision == "reused"

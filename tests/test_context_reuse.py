@@ -6,11 +6,11 @@ import pytest
 from oracle_cases import case
 
 from toolkit.backend import Buffer
-from toolkit.context import Context, SchedParams
+from toolkit.context import Context, context_from_case
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.tensor import BufferUsage
 from toolkit.models import ContextParams, presets
-from toolkit.models.cases import context_from_case
+from toolkit.reuse import SchedParams
 from toolkit.sched import hash_size
 
 
@@ -33,12 +33,12 @@ def test_can_reuse_branches(new: SchedParams, ok: bool) -> None:
 def test_sched_new_keeps_or_replaces_the_scheduler() -> None:
     ctx = _tiny()
     s0 = ctx.scheduler
-    assert ctx.sched_new(SchedParams(512, False, True)) is True and ctx.scheduler is s0
+    assert ctx.holder.sched_new(SchedParams(512, False, True)) is True and ctx.scheduler is s0
     assert ctx.sched_params_cur == SchedParams(1024, False, True)  # the kept scheduler's params
-    assert ctx.sched_new(SchedParams(2048, False, True)) is False and ctx.scheduler is not s0
+    assert ctx.holder.sched_new(SchedParams(2048, False, True)) is False and ctx.scheduler is not s0
     s1 = ctx.scheduler
-    assert ctx.sched_new(SchedParams(2048, False, False)) is False and ctx.scheduler is not s1
-    assert ctx.sched_new(SchedParams(2048, True, False)) is False and ctx.scheduler.n_copies == 4
+    assert ctx.holder.sched_new(SchedParams(2048, False, False)) is False and ctx.scheduler is not s1
+    assert ctx.holder.sched_new(SchedParams(2048, True, False)) is False and ctx.scheduler.n_copies == 4
 
 
 def test_events_explain_each_decision() -> None:
@@ -177,3 +177,33 @@ def test_changing_devices_rebuilds_and_matches_a_fresh_context() -> None:
     again = ctx.update(n_gpu_layers=1)
     assert again.decision == "reused"
     assert again.buffers[0].allocated == obs["compute_buffers_bytes"]["RPC0[127.0.0.1:50052]"]
+
+
+def test_caller_backends_are_not_mutated() -> None:
+    """devices_from_backends reads the caller's backends; it does not grow their profiles."""
+    from toolkit.backend import profiles
+
+    gpu = profiles.simulated(0)
+    cpu = profiles.cpu(gpu.host_buft)
+    before_cpu, before_gpu = cpu.profile.readable_bufts, gpu.profile.readable_bufts
+    ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=256, flash_attn="off"), devices=[gpu, cpu])
+    for change in ({"n_ctx": 512}, {"max_nodes": 4096}, {"op_offload": False}, {"n_ubatch": 128}):
+        ctx.update(**change)
+    assert cpu.profile.readable_bufts is before_cpu and len(before_cpu) == 1
+    assert gpu.profile.readable_bufts is before_gpu
+    # the context's own CPU backend reads the CPU weights' buft and the repack buft besides its own
+    mine = ctx.backends[-1]
+    assert mine is not cpu and mine.name == cpu.name and mine.buft is cpu.buft
+    assert len(mine.profile.readable_bufts) == 3 and ctx.setup.devices.cpu_buft in mine.profile.readable_bufts
+
+
+def test_both_contexts_are_read_through_the_view_protocol() -> None:
+    """The dashboard and the runtime read contexts through ContextView; a llama context also offers
+    its params and the runtime's entry points (LlamaContextView), a traced one does not."""
+    from toolkit.context import LlamaContextView
+    from toolkit.reuse import ContextView
+
+    ctx = _tiny()
+    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
+    assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
+    assert not isinstance(object(), ContextView)

@@ -10,8 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-
 from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
 
 request_cpu_devices(4)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-
 from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
 
 request_cpu_devices(4)

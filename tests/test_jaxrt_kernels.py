@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp  # noqa: E402
 import numpy as np
 import pytest
-
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
 

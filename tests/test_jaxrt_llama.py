@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
-
-jax = pytest.importorskip("jax")
 
 from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
 

@@ -6,10 +6,9 @@ import dataclasses
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
-
-jax = pytest.importorskip("jax")
 
 from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
 
@@ -17,6 +16,7 @@ request_cpu_devices(4)
 
 from toolkit.backend import profiles  # noqa: E402
 from toolkit.context import Context  # noqa: E402
+from toolkit.errors import ParameterError  # noqa: E402
 from toolkit.ggml import F32, Graph, ops  # noqa: E402
 from toolkit.jaxrt import cli  # noqa: E402
 from toolkit.jaxrt.compile import CompileCache, SplitProgram, enable_persistent_cache  # noqa: E402
@@ -104,7 +104,7 @@ def test_devices_order_names_and_errors() -> None:
     assert len(set(devs)) == 4 and bs[-1].is_cpu
     assert [b.name for b in make_backends("cpu")] == ["CPU"]
     assert parse_devices("sim:2") == ("sim", 2)
-    with pytest.raises(ValueError, match="expected cpu, sim:N or auto"):
+    with pytest.raises(ParameterError, match="devices=.gpu0. is not accepted: expected cpu, rpc:N, sim:N or cuda:N"):
         parse_devices("gpu0")
     if not any(d.platform == "gpu" for d in jax.devices()):
         with pytest.raises(ValueError, match="CUDA0 needs a JAX GPU"):
@@ -156,12 +156,15 @@ def test_context_without_gguf_runs_on_seeded_random_weights() -> None:
     assert a.shape == (3, HP.n_vocab) and engine(ctx).notes
 
 
-def test_context_from_gguf_path_runs_its_weights_and_compile_lands_on_the_event(gguf_path: str) -> None:
+def test_context_from_gguf_path_runs_its_weights_and_compile_is_an_event(gguf_path: str) -> None:
     explicit = ctx_for(gguf_path)  # hparams only, weights loaded by hand
     ctx = Context(gguf_path, explicit.cparams, parallel=False)
     assert ctx.gguf_path == gguf_path
     toks = [1, 2, 3]
     np.testing.assert_array_equal(np.asarray(ctx.decode(toks)), np.asarray(explicit.decode(toks)))
+    n_reserves = len(ctx.events)
     info = ctx.compile()
-    assert ctx.events[-1].compile["compiled"] + ctx.events[-1].compile["cache_hits"] == ctx.scheduler.n_splits
+    assert len(ctx.events) == n_reserves                     # compiling is not a reserve ...
+    ce = ctx.compile_events[-1]                              # ... it is an event of its own
+    assert ce.reserve_index == ctx.events[-1].index and ce.compiled + ce.cache_hits == ctx.scheduler.n_splits
     assert info["splits"] and len(info["splits"]) == ctx.scheduler.n_splits

@@ -73,9 +73,9 @@ def test_tied_output_duplicates_token_embd_on_the_output_device() -> None:
 def test_devices_spec_errors() -> None:
     with pytest.raises(ValueError, match="unknown device 'gpu0'"):
         make_devices(("gpu0",))
-    with pytest.raises(ValueError, match="not a byte count"):
+    with pytest.raises(ValueError, match="budget='lots' is not accepted: expected a byte count"):
         make_devices(("sim:lots",))
-    with pytest.raises(ValueError, match="not HOST:PORT"):
+    with pytest.raises(ValueError, match="expected an RPC endpoint HOST:PORT"):
         make_devices(("rpc:localhost",))
     ds = make_devices(("cuda:1G", "blas"))
     assert [b.name for b in ds.backends] == ["CUDA0", "BLAS", "CPU"]

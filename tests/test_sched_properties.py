@@ -11,7 +11,7 @@ from toolkit.backend import Backend, Buffer, profiles
 from toolkit.ggml import F32, Graph, Tensor, ops
 from toolkit.ggml.tensor import VIEW_OPS, BufferUsage, Op
 from toolkit.sched import INPLACE_OPS, Scheduler
-from toolkit.sched.report import merged_intervals, peak_live_bytes
+from toolkit.sched.gallocr import merged_intervals, peak_live_bytes
 
 GPU_KINDS: list[Callable[[int], Backend]] = [
     lambda i: profiles.cuda_like(i, min_batch=32),
@@ -109,7 +109,7 @@ def build(r: dict, backends: list[Backend]) -> Graph:  # type: ignore[type-arg]
 
 def check_invariants(s: Scheduler, g: Graph, allocs: bool = True) -> None:
     ga = s.galloc
-    ids = s._snap_ids
+    ids = s.assignment.backend_ids
     bufts = s.bufts
     # splits: consecutive, covering every node, each non-view node on its split's backend
     splits = s.splits
@@ -120,7 +120,7 @@ def check_invariants(s: Scheduler, g: Graph, allocs: bool = True) -> None:
         for t in g.nodes[sp.i_start:sp.i_end]:
             if t.op not in VIEW_OPS:
                 assert ids[id(t)] == sp.backend_id, t
-    copy_home = {id(c): b for (_, b), cs in s._snap_copies.items() for c in cs}
+    copy_home = {id(c): b for (_, b), cs in s.assignment.copies.items() for c in cs}
     for t in g.nodes:
         if t.op in VIEW_OPS:
             continue
@@ -192,7 +192,15 @@ def test_random_graphs_keep_the_invariants(bspec: dict, r: dict, parallel: bool,
     assert s.alloc_graph(g2)
     check_invariants(s, g2, allocs=False)
     assert s.buffer_sizes() == sizes  # the reserved buffers already fit the identical graph
-    assert s.n_splits == s.plan().n_splits
+    # the plan places every non-view node inside its split's range, on that split's backend
+    plan = s.plan()
+    assert [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits] == \
+        [(sp.backend_id, sp.i_start, sp.i_end) for sp in s.splits]
+    for npl in plan.nodes:
+        if npl.is_view:
+            continue
+        sp = plan.splits[npl.split]
+        assert sp.i_start <= npl.index < sp.i_end and npl.backend_id == sp.backend_id, npl
 
 
 @settings(max_examples=25, deadline=None)

@@ -68,7 +68,7 @@ def test_graph_copy_shape_with_copies() -> None:
 
 def test_alloc_graph_assigns_addresses_and_needs_reset() -> None:
     s = _two_backend_mlp(4, True)
-    g = s._graph
+    g = s.assignment.graph if s.assignment is not None else None
     assert g is not None
     h1 = next(t for t in g.nodes if t.name == "h1")
     assert s.tensor_address(h1) == ("CPU", 0, 256)
@@ -147,7 +147,7 @@ def test_graph_inputs_named_by_backend() -> None:
     s = _two_backend_mlp(4, True)
     names = [t.name for t in s.graph_copy_nodes]
     assert names[:2] == ["x (view)", "CUDA0#x#0"]
-    assert isinstance(s._graph, Graph)
+    assert s.assignment is not None and isinstance(s.assignment.graph, Graph)
 
 
 def test_offline_planner_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from toolkit.context import SchedParams
+from toolkit.reuse import SchedParams
 from toolkit.sched import hash_size
 from toolkit.trace import trace
-from toolkit.trace.session import TracedContext, auto_max_nodes, describe_backends, min_max_nodes
+from toolkit.trace.schedule import auto_max_nodes
+from toolkit.trace.session import TracedContext, describe_backends, min_max_nodes
 
 
 def mlp(p: Any, x: jax.Array) -> jax.Array:
@@ -141,7 +142,7 @@ def test_reused_after_growing_keeps_the_larger_buffers() -> None:
 @pytest.mark.parametrize("change, words", [
     ({"max_nodes": 0}, ["max_nodes=0", "positive"]),
     ({"max_nodes": -5}, ["max_nodes=-5", "positive"]),
-    ({"max_nodes": 10}, ["max_nodes=10", "14 nodes", "must be > 14"]),
+    ({"max_nodes": 10}, ["max_nodes=10", "14 nodes", "expected max_nodes > 14"]),
     ({"max_nodes": "big"}, ["max_nodes='big'"]),
     ({"parallel": "yes"}, ["parallel='yes'"]),
     ({"n_ctx": 512}, ["n_ctx", "max_nodes"]),
@@ -179,7 +180,7 @@ def test_min_max_nodes_is_the_limit_for_a_new_scheduler() -> None:
         ctx.update(max_nodes=lim - 1, op_offload=True)
     msg = str(err.value)
     assert f"max_nodes={lim - 1}" in msg and f"hash capacity {hash_size(lim - 1)}" in msg
-    assert f"must be >= {lim}" in msg and state(ctx) == before
+    assert f"expected max_nodes >= {lim}" in msg and state(ctx) == before
 
 
 @given(st.integers(1, 5000), st.integers(0, 5000))
@@ -225,3 +226,12 @@ def test_budget_too_small_for_pipeline_parallelism_falls_back() -> None:
     assert ("parallel", True, False) in [(r.field, r.before, r.after) for r in ev.reasons]
     assert ev.warnings and ev.buffers[0].allocated == plain
     assert describe_backends(ctx.backends) == ("sim:2", budget_mib)
+
+
+def test_a_traced_context_is_a_context_view_but_not_a_llama_one() -> None:
+    from toolkit.context import LlamaContextView
+    from toolkit.reuse import ContextView
+
+    ctx = make_ctx()
+    assert isinstance(ctx, ContextView) and not isinstance(ctx, LlamaContextView)
+    assert ctx.compute_buffers_bytes() == {b.buft: b.allocated for b in ctx.events[-1].buffers}

@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from toolkit.context import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.models.cparams import ContextParams
+from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
 
 MIB = 1 << 20
@@ -27,6 +27,7 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class StubHParams:
     n_layer: int = 2
+    name: str = "stub"
 
 
 @dataclass
@@ -39,6 +40,10 @@ class StubContext:
 
     N_TENSORS = 200          # auto max_nodes = max(1024, 8 * 200) = 1600
     N_NODES = 700            # a graph of this size needs max_nodes >= N_NODES
+    auto_max_nodes_text = "max(1024, 8·n_tensors)"
+    backends: list[Any] = []
+    compile_events: list[Any] = []
+    n_copies = 1
 
     def __init__(self, pipeline_parallel: bool = False) -> None:
         self.cparams = ContextParams(n_ctx=512, n_batch=512, n_ubatch=128, n_gpu_layers=3)
@@ -51,6 +56,23 @@ class StubContext:
         self.alloc = 0
         self.update_calls: list[dict[str, Any]] = []
         self.sched_reserve(trigger="initial")
+
+    @property
+    def sched_params_cur(self) -> SchedParams | None:
+        return self.cur
+
+    @property
+    def sched_params_req(self) -> SchedParams | None:
+        return self.events[-1].params if self.events else None
+
+    def compute_buffers_bytes(self) -> dict[str, int]:
+        return {"CPU": self.alloc}
+
+    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
+        raise NotImplementedError("the stub plans only")
+
+    def decode(self, tokens: Any, *, last_only: bool = False) -> Any:
+        raise NotImplementedError("the stub plans only")
 
     def update(self, **changes: Any) -> ReserveEvent:
         self.update_calls.append(changes)
@@ -204,13 +226,19 @@ def test_runtime_buttons_degrade_gracefully() -> None:
 def test_split_map_collapse_toggle_redraws() -> None:
     from test_ui_figures import sample_plan
 
+    from toolkit.ui import figures
+
+    def bars(fig: go.Figure) -> list[tuple[object, ...]]:
+        return [(t.name, tuple(t.y), tuple(t.x), tuple(t.base)) for t in fig.data if t.type == "bar"]
+
     ctx, dash = make_dashboard()
-    ev = ctx.events[-1]
-    ctx.events[-1] = replace(ev, plan=sample_plan())
+    plan = sample_plan()
+    ctx.events[-1] = replace(ctx.events[-1], plan=plan)
     dash._draw(force=True)
-    layered = len(dash.figures["split_map"].data)
-    dash.collapse.value = "none"
-    assert len(dash.figures["split_map"].data) >= layered
+    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "layer"))
+    dash.collapse.value = "none"                       # the toggle alone redraws, node by node
+    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "none"))
+    assert bars(figures.split_map(plan, "none")) != bars(figures.split_map(plan, "layer"))
 
 
 CHANGES = st.one_of(

@@ -11,7 +11,7 @@ import json
 import plotly.graph_objects as go
 import pytest
 
-from toolkit.context import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
 from toolkit.ui import figures, text
 from toolkit.ui.layers import group_starts, layer_labels, layer_of, node_runs

@@ -71,7 +71,8 @@ def _split_items(part: str) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from toolkit.models.cases import load_cases, log_lines, plan_case
+    from toolkit.context import plan_case
+    from toolkit.models.cases import load_cases, log_lines
     cases = load_cases(args.cases)
     results = [plan_case(c) for c in cases]
     if getattr(args, "html", None):   # one self-contained HTML report (toolkit.ui.share, plotly)
@@ -88,7 +89,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from toolkit.models.cases import context_from_case, load_cases
+    from toolkit.context import context_from_case
+    from toolkit.models.cases import load_cases
     found = [c for c in load_cases(args.case) if c.get("id") == args.id or args.id is None]
     if not found:
         print(f"error: no case with id {args.id!r} in {args.case}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Two reserves side by side: what changed between them, and why (plain frozen data).
 
-``compare(a, b)`` reads two :class:`~toolkit.events.ReserveEvent` (and their plans) and returns an
+``compare(a, b)`` reads two :class:`~toolkit.reuse.ReserveEvent` (and their plans) and returns an
 :class:`EventDiff`: per buffer type the allocated and needed bytes with their change, graph nodes
 and splits for pp and tg, the nodes that changed backend and the split inputs that appeared or
 disappeared (each with its placement cause), the host metadata the newer reserve cost or saved,
@@ -26,7 +26,7 @@ from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import NodePlacement, Plan
 
 if TYPE_CHECKING:
-    from toolkit.events import ReserveEvent
+    from toolkit.reuse import ReserveEvent
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,7 @@ class BufferType:
         """Allocate a buffer; None when it would exceed ``alloc_limit`` (ggml returns NULL)."""
         if self.alloc_limit is not None and self.in_use + size > self.alloc_limit:
             return None
-        buf = Buffer(self, size, usage, name)
-        buf._counted = True
+        buf = Buffer(self, size, usage, name, counted=True)
         self.in_use += size
         return buf
 
@@ -109,14 +108,15 @@ class Buffer:
 
     __slots__ = ("buft", "size", "usage", "name", "_counted", "_freed")
 
-    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY, name: str = "") -> None:
+    def __init__(self, buft: BufferType, size: int, usage: BufferUsage = BufferUsage.ANY, name: str = "", *,
+                 counted: bool = False) -> None:
         if size < 0:
             raise ValueError(f"buffer size {size} must be >= 0")
         self.buft = buft
         self.size = size
         self.usage = usage
         self.name = name or buft.name
-        self._counted = False
+        self._counted = counted  # made by BufferType.alloc_buffer: counts against its alloc_limit
         self._freed = False
 
     @property

@@ -14,7 +14,14 @@ import json
 import sys
 from typing import Any
 
+import jax
 import numpy as np
+
+from toolkit.context import Context
+from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
+from toolkit.jaxrt.gguf_io import read_gguf
+from toolkit.jaxrt.runtime import engine, load_weights
+from toolkit.models import ContextParams
 
 
 def _onoff(s: str) -> bool:
@@ -54,10 +61,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _model_devices(spec: str, budget: str | None) -> tuple[str, ...]:
-    import jax
-
-    from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
-
     kind, n = parse_devices(spec)
     if kind == "cpu":
         return ()
@@ -85,11 +88,6 @@ def _ggml_vs_xla(ctx: Any, eng: Any) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from toolkit.context import Context
-    from toolkit.jaxrt.gguf_io import read_gguf
-    from toolkit.jaxrt.runtime import engine, load_weights
-    from toolkit.models import ContextParams
-
     devices = _model_devices(args.devices, args.sim_budget)
     model = read_gguf(args.gguf)  # parsed once: hyperparameters for planning, tensor views for the weights
     hp = model.hparams

@@ -20,16 +20,19 @@ from typing import Any
 import jax
 
 from toolkit.backend import Backend, profiles
+from toolkit.errors import ParameterError
+from toolkit.models.devices import parse_picker
 
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+RUNTIME_KINDS = ("cpu", "sim", "auto")
 
 
 def _backends_initialized() -> bool:
     try:
-        from jax._src import xla_bridge
+        from jax._src import xla_bridge  # lazy: jax's internal module, only asked here
 
-        return bool(xla_bridge._backends)  # noqa: SLF001 - no public query exists
-    except Exception:  # noqa: BLE001
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # another jax layout: assume started (the safe answer)
         return True
 
 
@@ -74,19 +77,11 @@ def extra_cpu_device(i: int) -> Any:
 
 
 def parse_devices(spec: str) -> tuple[str, int]:
-    """``cpu`` | ``sim:N`` | ``auto`` -> (kind, n_sim)."""
-    s = spec.strip().lower()
-    if s in ("cpu", "auto"):
-        return s, 0
-    if s.startswith("sim:"):
-        try:
-            n = int(s[4:])
-        except ValueError:
-            raise ValueError(f"--devices {spec!r}: expected sim:N with N an integer") from None
-        if not 1 <= n <= 16:
-            raise ValueError(f"--devices {spec!r}: N={n} must be between 1 and 16")
-        return "sim", n
-    raise ValueError(f"--devices {spec!r}: expected cpu, sim:N or auto")
+    """``cpu`` | ``sim:N`` | ``auto`` -> (kind, n_sim), in the picker grammar of ``toolkit.models.devices``."""
+    d = parse_picker(spec, allow_auto=True)
+    if d.kind not in RUNTIME_KINDS:
+        raise ParameterError("devices", spec, "cpu, sim:N or auto", "the runtime makes these itself")
+    return d.kind, d.count
 
 
 def make_backends(spec: str = "auto", *, budget: int | None = None, min_batch: int | None = None) -> list[Backend]:

@@ -25,6 +25,8 @@ import numpy as np
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.compile import CompileCache, CompiledSplit, SplitProgram, base_of, default_cache
+from toolkit.jaxrt.kernels import as_f32
+from toolkit.sched import Scheduler
 
 
 @dataclass
@@ -165,8 +167,6 @@ class GraphRunner:
 
 def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
     """A tensor's logical value as numpy (f32 for float types), for callers and tests."""
-    from toolkit.jaxrt.kernels import as_f32
-
     if t.view_src is None and t.type.name in ("F32", "I32") and t.is_contiguous:
         # a packed f32/i32 result: no device op, one host copy
         return np.asarray(flat).reshape(t.ne[3], t.ne[2], t.ne[1], t.ne[0])
@@ -174,14 +174,10 @@ def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
     return np.asarray(x if t.type.name in ("I32", "I64") else as_f32(x, t.type))
 
 
-def scheduler_splits(sched: Any) -> list[SplitSpec]:
+def scheduler_splits(sched: Scheduler) -> list[SplitSpec]:
     """The allocated graph's splits with their (source, copy for cur_copy) pairs
     (``ggml_backend_sched_split_graph`` pass 5)."""
-    copies = sched._copies  # noqa: SLF001 - the scheduler's tensor_copies table
-    cur = sched.cur_copy
-    return [SplitSpec(sp.backend_id, list(sp.nodes),
-                      [(inp, copies[(id(inp), sp.backend_id)][cur]) for inp in sp.inputs])
-            for sp in sched.splits]
+    return [SplitSpec(sp.backend_id, list(sp.nodes), sched.split_input_pairs(sp)) for sp in sched.splits]
 
 
 class Runtime:

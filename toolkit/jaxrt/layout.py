@@ -17,6 +17,7 @@ import numpy as np
 
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import GGMLType
+from toolkit.jaxrt.quant import quantize
 
 _DTYPES: dict[GGMLType, Any] = {
     GGMLType.F32: jnp.float32, GGMLType.F16: jnp.float16, GGMLType.BF16: jnp.bfloat16,
@@ -162,8 +163,6 @@ def write_rows(flat: jnp.ndarray, dst: Tensor, rows: jnp.ndarray, ids: jnp.ndarr
     if dst.type.is_quantized:
         # a quantized KV cache (-ctk q8_0): rows are quantized as ggml's from_float does, then
         # written as rows of bytes
-        from toolkit.jaxrt.quant import quantize
-
         rows = quantize(rows, dst.type)
     offs, _, (s3, s2, s1, s0) = _units(dst)
     r3, r2, r1, r0 = rows.shape

@@ -9,12 +9,14 @@ the inputs, compute the splits. Ubatches are dispatched without waiting, and log
 read once at the end, so with pipeline parallelism the devices overlap.
 
 The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` take a
-``toolkit.context.Context`` and keep their engine on it (``ctx._jaxrt``).
+``toolkit.context.Context``; the runtime keeps each context's engine itself (a
+``WeakKeyDictionary`` keyed by the context), so nothing is parked on the context.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,10 +26,13 @@ import jax
 import numpy as np
 
 from toolkit.backend import Backend
+from toolkit.context import Context
+from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
+from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 
 BuildFn = Callable[[int, int, int], Any]  # (n_tokens, n_seqs, n_outputs) -> LlamaGraph
 LOG_SIZE = 256  # ubatches kept in Engine.log (a long generation must not grow memory)
@@ -68,8 +73,6 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
                         ) -> dict[str, np.ndarray]:
     """Random weights in each tensor's own type (``t.data``); returns the f32 values ggml computes
     with (after quantization). ``tied``: output.weight shares token_embd's data."""
-    from toolkit.jaxrt.gguf_io import decode_values, encode
-
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
@@ -95,8 +98,6 @@ def init_random_weights(tensors: dict[str, Tensor], seed: int = 0, scale: float 
 def attach_gguf(tensors: dict[str, Tensor], source: Any, *, tied: bool = False) -> None:
     """Point every weight tensor's ``data`` at its GGUF data (types and shapes checked);
     ``source`` is a path or a :class:`~toolkit.jaxrt.gguf_io.GGUFModel` already read."""
-    from toolkit.jaxrt.gguf_io import GGUFModel, read_gguf
-
     g = source if isinstance(source, GGUFModel) else read_gguf(source)
     path = g.path
     for name, t in tensors.items():
@@ -271,39 +272,35 @@ class Engine:
 
 # ---- the Context-facing functions -----------------------------------------------------------
 
-def _gguf_path(ctx: Any) -> str | None:
-    for attr in ("gguf_path", "model_path", "path"):
-        p = getattr(ctx, attr, None)
-        if isinstance(p, str) and p.endswith(".gguf"):
-            return p
-    return None
+# each context's engine and the setup it was made for (a new setup: new weights and KV cache)
+_ENGINES: weakref.WeakKeyDictionary[Context, tuple[Any, Engine]] = weakref.WeakKeyDictionary()
 
 
-def load_weights(ctx: Any, path: Any = None) -> None:
+def load_weights(ctx: Context, path: Any = None) -> None:
     """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from);
     ``path`` may also be a GGUFModel from ``read_gguf``, so that the file is parsed once."""
-    path = path or _gguf_path(ctx)
+    path = path or ctx.gguf_path
     if path is None:
-        raise ValueError("no GGUF path: pass one, or make the Context from a .gguf file")
+        raise ParameterError("path", None, "a GGUF file path", "the Context was not made from a .gguf file")
     st = ctx.setup
     attach_gguf(st.model.tensors, path)
     if st.model.output is not None and st.model.output.data is None:
         st.model.output.data = st.model.tensors["token_embd.weight"].data
 
 
-def engine(ctx: Any) -> Engine:
+def engine(ctx: Context) -> Engine:
     """The context's engine, made on first use and again when the context re-created its model
     and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached."""
     st = ctx.setup
-    eng = getattr(ctx, "_jaxrt", None)
-    if eng is not None and getattr(eng, "setup", None) is st:
-        return eng
+    held = _ENGINES.get(ctx)
+    if held is not None and held[0] is st:
+        return held[1]
     weights = dict(st.model.tensors)
     if st.model.output is not None:
         weights["output.weight"] = st.model.output
     notes: list[str] = []
     if any(t.data is None for t in weights.values()):
-        if _gguf_path(ctx) is not None:
+        if ctx.gguf_path is not None:
             load_weights(ctx)
         else:
             # a context planned from a preset has shapes but no weights: run it on seeded random ones
@@ -318,33 +315,27 @@ def engine(ctx: Any) -> Engine:
     if st.kv_swa is not None:
         caches["_swa"] = (st.kv_swa.kv_size, st.hparams.n_swa)
         kv_tensors += [*st.kv_swa.k, *st.kv_swa.v]
-    eng = Engine(list(ctx.backends), lambda: ctx.scheduler, lambda n, s, o: _build(ctx, n, s, o),
+    eng = Engine(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph,
                  kv.kv_size, st.resolved.n_ubatch, kv_tensors,
                  epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
-    eng.setup = st  # type: ignore[attr-defined]
     eng.notes = notes
-    ctx._jaxrt = eng
+    _ENGINES[ctx] = (st, eng)
     return eng
 
 
-def _build(ctx: Any, n_tokens: int, n_seqs: int, n_outputs: int) -> Any:
-    ctx.build_graph(n_tokens, n_seqs, n_outputs)  # resets the scheduler and applies the pins
-    return ctx._last_graph
-
-
-def decode(ctx: Any, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+def decode(ctx: Context, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
     """``Context.decode``: logits [n_tokens, n_vocab] for tokens appended to the context's KV cache
     (``last_only``: just the last token's row, [n_vocab])."""
     logits = engine(ctx).decode(tokens)
     return logits[-1] if last_only else logits
 
 
-def generate(ctx: Any, prompt_ids: Sequence[int], n: int) -> list[int]:
+def generate(ctx: Context, prompt_ids: Sequence[int], n: int) -> list[int]:
     """``Context.generate``: n greedy tokens after the prompt."""
     return engine(ctx).generate(prompt_ids, n)
 
 
-def compile_splits(ctx: Any, n_tokens: int | None = None) -> dict[str, Any]:
+def compile_splits(ctx: Context, n_tokens: int | None = None) -> dict[str, Any]:
     """Compile the splits of the context's current scheduler for a ubatch of n_tokens (default n_ubatch);
     returns ``{"compiled", "cache_hits", "compile_ms", "splits"}`` for a ReserveEvent's ``compile`` field."""
     eng = engine(ctx)

@@ -1,6 +1,6 @@
 """Cases in the schema of the oracle's ``cases.json``: ``{id, model, cparams, observed?}``.
 
-:func:`plan_case` creates the context a case describes and returns what llama.cpp printed for
+:func:`toolkit.context.plan_case` creates the context a case describes and returns what llama.cpp printed for
 it, under the oracle's field names (``graph_nodes``, ``graph_splits``, ``compute_buffers_bytes``,
 ``kv_bytes``, ``n_copies``, …), or ``{"id", "error"}`` when llama.cpp refuses the context.
 """
@@ -12,9 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolkit.models.cparams import ContextParams
-from toolkit.models.hparams import LlamaHParams
-
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
     data = json.loads(Path(path).read_text())
@@ -23,13 +20,6 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(data, list) or not all(isinstance(c, dict) and "model" in c and "cparams" in c for c in data):
         raise ValueError(f"{path}: expected a list of cases with 'model' and 'cparams'")
     return data
-
-
-def context_from_case(case: Mapping[str, Any], **kw: Any) -> Any:
-    from toolkit.context import Context
-    hp = LlamaHParams.from_dict(case["model"])
-    cp = ContextParams.from_dict(case["cparams"])
-    return Context(hp, cp, **kw)
 
 
 def summary(ctx: Any) -> dict[str, Any]:
@@ -50,14 +40,6 @@ def summary(ctx: Any) -> dict[str, Any]:
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
     }
-
-
-def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        ctx = context_from_case(case)
-    except ValueError as e:
-        return {"id": case.get("id"), "error": str(e)}
-    return {"id": case.get("id"), **summary(ctx)}
 
 
 def log_lines(result: Mapping[str, Any]) -> list[str]:

@@ -8,13 +8,15 @@ pipeline-parallel decision and a graph builder. The graph callback's scheduler p
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
+from toolkit.errors import ParameterError
 from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
-from toolkit.models.devices import DeviceSet, make_devices
+from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
 from toolkit.models.graph import GraphBuilder, LlamaGraph
 from toolkit.models.hparams import LlamaHParams
 from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_memory, output_buffer
@@ -33,16 +35,23 @@ def graph_max_nodes(n_tensors: int, n_tokens: int) -> int:
 
 
 def devices_from_backends(backends: list[Backend]) -> DeviceSet:
-    """A DeviceSet over caller-made backends (GPUs first, ACCELs, the CPU last)."""
+    """A DeviceSet over caller-made backends (GPUs first, ACCELs, the CPU last).
+
+    The caller's backends are left as they are: the CPU backend of the set is a new one over a
+    copy of the caller's CPU profile that also reads the CPU device's own buft and its repack buft
+    (as ggml-cpu's supports_buft does).
+    """
     if not backends or not backends[-1].is_cpu:
-        raise ValueError("the last backend must be the CPU backend")
-    cpu = backends[-1]
+        raise ParameterError("devices", backends[-1].name if backends else "[]", "a backend list ending with the CPU")
+    given = backends[-1]
     gpus = [b for b in backends[:-1] if b.kind == "gpu"]
     accels = [b for b in backends[:-1] if b.kind == "accel"]
-    own = cpu.buft if not gpus else profiles.cpu_buft()
-    ds = make_devices(())
-    cpu.profile.readable_bufts = (*cpu.profile.readable_bufts, own, ds.repack_buft)
-    return DeviceSet(gpus, accels, cpu, own, ds.repack_buft, [b.name for b in gpus])
+    own = given.buft if not gpus else profiles.cpu_buft()
+    repack = cpu_repack_buft()
+    profile = copy.copy(given.profile)
+    profile.readable_bufts = (*given.profile.readable_bufts, own, repack)
+    cpu = Backend(given.name, profile, given.buft, given.executor, given.index)
+    return DeviceSet(gpus, accels, cpu, own, repack, [b.name for b in gpus])
 
 
 @dataclass

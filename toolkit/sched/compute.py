@@ -1,27 +1,28 @@
-"""``ggml_backend_sched_compute_splits``: the order of waits, copies, computes and events (spec §5.3, §5.4).
+"""``ggml_backend_sched_compute_splits``: the order of waits, copies, computes and events.
 
 The scheduler does not run kernels; the caller passes two primitives:
 
 - ``copy(src, dst, split)``: a whole copy of ``src`` into its split-backend copy ``dst``;
 - ``compute(backend_id, nodes)``: run a run of consecutive nodes of a split.
 
-Every step is also appended to ``trace`` as a :class:`Step`, so the timeline can be shown or tested.
+Every step is also returned as a :class:`Step`, so the timeline can be shown or tested. The
+walk is a function of an :class:`~toolkit.sched.split.Assignment` (the splits and their input
+copies) and the scheduler's events and callbacks, passed explicitly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from toolkit.backend.device import Backend
 from toolkit.ggml.tensor import Tensor, TensorFlag
+from toolkit.sched.split import Assignment, Split
 
-if TYPE_CHECKING:
-    from toolkit.sched.scheduler import Scheduler
-    from toolkit.sched.split import Split
-
-CopyFn = Callable[[Tensor, Tensor, "Split"], None]
+CopyFn = Callable[[Tensor, Tensor, Split], None]
 ComputeFn = Callable[[int, list[Tensor]], None]
+CopyCallback = Callable[[Backend, Tensor, Tensor, Split], bool]   # ggml_backend_sched_copy_callback
+EvalCallback = Callable[[Tensor, bool], bool]                     # ggml_backend_sched_eval_callback
 
 
 @dataclass(frozen=True)
@@ -36,35 +37,39 @@ def _is_host_weight(t: Tensor) -> bool:
     return t.is_weight and bool(t.buffer.buft.is_host)
 
 
-def compute_splits(s: Scheduler, copy: CopyFn, compute: ComputeFn) -> list[Step]:
+def compute_splits(a: Assignment, backends: Sequence[Backend], events: Sequence[Sequence[object | None]],
+                   cur_copy: int, copy: CopyFn, compute: ComputeFn, copy_callback: CopyCallback | None = None,
+                   eval_callback: EvalCallback | None = None) -> list[Step]:
+    """``ggml_backend_sched_compute_splits`` over the splits of ``a`` for copy ``cur_copy``;
+    ``events[b][c]`` is backend b's event for copy c (empty without pipeline parallelism)."""
     trace: list[Step] = []
-    cc = s.cur_copy
+    cc = cur_copy
     prev_backend = -1
-    for k, split in enumerate(s.splits):
+    for k, split in enumerate(a.splits):
         b = split.backend_id
-        event = s.events[b][cc] if s.events else None
+        event = events[b][cc] if events else None
         # PR #26040: a split without inputs after one on another backend waits for it
         if not split.inputs and prev_backend not in (-1, b):
-            pe = s.events[prev_backend][cc] if s.events else None
+            pe = events[prev_backend][cc] if events else None
             trace.append(Step("wait" if pe is not None else "sync", k, prev_backend))
         # inputs that are not host weights first, host weights last, so a copy callback can
         # read the ids the earlier inputs brought (PR #29943)
         ordered = [t for t in split.inputs if not _is_host_weight(t)] + [t for t in split.inputs if _is_host_weight(t)]
         for src in ordered:
-            dst = s._snap_copies[(id(src), b)][cc]
+            dst = a.copies[(id(src), b)][cc]
             trace.append(Step("wait" if event is not None else "sync", k, b))
             if src.flags & TensorFlag.INPUT:
                 copy(src, dst, split)  # user inputs are copied at once, synchronously
                 trace.append(Step("copy", k, b, (src.name, dst.name)))
                 continue
-            cb = s.copy_callback
-            if _is_host_weight(src) and cb is not None and cb(s.backends[b], src, dst, split):
+            cb = copy_callback
+            if _is_host_weight(src) and cb is not None and cb(backends[b], src, dst, split):
                 trace.append(Step("copy_cb", k, b, (src.name, dst.name)))
                 continue
             copy(src, dst, split)
             trace.append(Step("copy", k, b, (src.name, dst.name)))
         nodes = split.nodes
-        ev = s.eval_callback
+        ev = eval_callback
         if ev is None:
             compute(b, list(nodes))
             trace.append(Step("compute", k, b, tuple(t.name for t in nodes)))

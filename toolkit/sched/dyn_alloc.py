@@ -1,4 +1,4 @@
-"""The dynamic tensor allocator (``ggml_dyn_tallocr``): a pure offset planner with chunks (spec §6.1).
+"""The dynamic tensor allocator (``ggml_dyn_tallocr``): a pure offset planner with chunks.
 
 Each chunk keeps a free-block list sorted by offset and a high-water mark. The
 visit order and tie-breaks below decide every byte of a compute buffer.
@@ -25,7 +25,7 @@ class Chunk:
     __slots__ = ("offsets", "sizes", "max_size")
 
     def __init__(self, size: int) -> None:
-        # two parallel lists keep the hot loops cheap; sorted by offset (§6.1)
+        # two parallel lists keep the hot loops cheap; sorted by offset, as ggml keeps free_blocks
         self.offsets: list[int] = [0]
         self.sizes: list[int] = [size]
         self.max_size = 0
@@ -44,7 +44,7 @@ class DynAllocator:
 
     def __init__(self, alignment: int, max_size: int = SIZE_MAX) -> None:
         self.alignment = alignment
-        # max_chunk_size = min(buft max size, SIZE_MAX/2) (§6.1)
+        # ggml_dyn_tallocr_new: max_chunk_size = min(buft max size, SIZE_MAX/2)
         self.max_chunk_size = min(max_size, SIZE_MAX // 2)
         self.chunks: list[Chunk] = []
 
@@ -70,7 +70,8 @@ class DynAllocator:
         best_chunk = -1
         best_block = -1
         # 1. best fit over every chunk's blocks except the last one; best_size resets per
-        #    chunk, so a later chunk's fitting block overrides (D2), ties go to the later block
+        #    chunk, so a later chunk's fitting block overrides an earlier chunk's better one (as
+        #    ggml_dyn_tallocr_alloc does), ties go to the later block
         for c, chunk in enumerate(self.chunks):
             best_size = SIZE_MAX
             sizes = chunk.sizes

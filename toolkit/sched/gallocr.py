@@ -1,20 +1,25 @@
-"""The graph allocator (``ggml_gallocr``): liveness planning over graph_copy, buffers (spec §6.2–§6.7).
+"""The graph allocator (``ggml_gallocr``): liveness planning over graph_copy, and the buffers.
 
 Buffer id i is backend i. Backends whose buft is the same object share one dynamic
-allocator and one buffer (§6.3). ``reserve_n`` plans and grows buffers (never
-shrinks them); ``alloc_graph`` replays the recorded plan onto a new graph.
+allocator and one buffer (``ggml_gallocr_new_n`` deduplicates bufts). ``reserve_n`` plans and
+grows buffers (never shrinks them); ``alloc_graph`` replays the recorded plan onto a new graph.
+
+Offsets come from ggml's dynamic allocator as the walk goes; a *placement strategy* (see
+:data:`Placement`, e.g. the offline planner of ``toolkit.sched.offline_glue``) may then place the
+same lifetimes again, and the allocator records and sizes its buffers from that placement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from toolkit.backend.buft import Buffer, BufferType
 from toolkit.ggml.tensor import BufferUsage, Op, Tensor, TensorFlag
 from toolkit.sched.dyn_alloc import DynAllocator
+from toolkit.sched.metadata import hash_size
 
-# ggml_op_can_inplace (§6.5)
+# ggml_op_can_inplace
 INPLACE_OPS = frozenset({
     Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB, Op.MUL,
     Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK, Op.RMS_NORM,
@@ -28,7 +33,7 @@ _and = int.__and__
 
 
 class HashNode:
-    """Per-tensor bookkeeping of one planning pass (§6.4)."""
+    """Per-tensor bookkeeping of one planning pass (``hash_node``)."""
 
     __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated")
 
@@ -53,7 +58,7 @@ class TensorRecord:
 
 @dataclass
 class Lifetime:
-    """One planned allocation: [first, last] graph_copy node positions (§6.5), for plans and figures."""
+    """One planned allocation: [first, last] graph_copy node positions, for plans and figures."""
 
     tensor: Tensor
     buffer_id: int
@@ -69,8 +74,53 @@ _NO_RECORD = TensorRecord(-1, 0, 0, 0)
 _NONE = Op.NONE
 
 
+@dataclass(frozen=True)
+class PlacementResult:
+    """Where a placement strategy puts every planned tensor, and the chunk sizes that need."""
+
+    offsets: dict[int, tuple[int, int]]          # id(tensor) -> (chunk, offset)
+    chunks: tuple[tuple[int, ...], ...]          # per buffer id (a shared buft repeats its owner's)
+
+
+# a placement strategy: (lifetimes, bufts, owner buffer id of each id, ggml's chunk sizes per id) -> placement
+Placement = Callable[[Sequence["Lifetime"], Sequence[BufferType], Sequence[int], Sequence[tuple[int, ...]]],
+                     PlacementResult]
+
+
+def merged_intervals(lifetimes: Sequence[Lifetime]) -> tuple[list[list[int]], dict[int, int]]:
+    """In-place chains merged into one [size, first, last, buffer id] per chain; tensor id -> interval index."""
+    intervals: list[list[int]] = []
+    index: dict[int, int] = {}
+    for life in lifetimes:
+        parent = life.inplace_of
+        k = index.get(id(parent)) if parent is not None else None
+        if k is None:
+            index[id(life.tensor)] = len(intervals)
+            intervals.append([life.size, life.first, life.last, life.buffer_id])
+        else:
+            iv = intervals[k]
+            iv[0] = max(iv[0], life.size)
+            iv[2] = max(iv[2], life.last)
+            index[id(life.tensor)] = k
+    return intervals, index
+
+
+def peak_live_bytes(intervals: Sequence[Sequence[int]], buffer_ids: set[int]) -> int:
+    """The lower bound: the largest sum of sizes of intervals live at one position (inclusive ends)."""
+    delta: dict[int, int] = {}
+    for size, first, last, bid in intervals:
+        if bid in buffer_ids:
+            delta[first] = delta.get(first, 0) + size
+            delta[last + 1] = delta.get(last + 1, 0) - size
+    peak = cur = 0
+    for pos in sorted(delta):
+        cur += delta[pos]
+        peak = max(peak, cur)
+    return peak
+
+
 class VBuffer:
-    """A virtual buffer: one backend buffer per chunk, each exactly the chunk's high-water mark (§6.2)."""
+    """A virtual buffer (``vbuffer``): one backend buffer per chunk, each the chunk's high-water mark."""
 
     def __init__(self, chunks: list[Buffer]) -> None:
         self.chunks = chunks
@@ -89,10 +139,13 @@ class VBuffer:
 
 
 class GraphAllocator:
-    """``ggml_gallocr`` over ``bufts`` (one buffer id per entry)."""
+    """``ggml_gallocr`` over ``bufts`` (one buffer id per entry); ``placement`` re-places what
+    ggml's dynamic allocator planned (None: ggml's own offsets)."""
 
-    def __init__(self, bufts: Sequence[BufferType]) -> None:
+    def __init__(self, bufts: Sequence[BufferType], placement: Placement | None = None) -> None:
         self.bufts = list(bufts)
+        self.placement = placement
+        self.placed: PlacementResult | None = None   # the strategy's result for the last plan
         self.n_buffers = len(self.bufts)
         self.allocators: list[DynAllocator] = []
         for i, buft in enumerate(self.bufts):
@@ -125,7 +178,7 @@ class GraphAllocator:
         a = self.allocators[i]
         return next(j for j in range(i + 1) if self.allocators[j] is a)
 
-    # ---- planning walk (§6.5) --------------------------------------------------------
+    # ---- planning walk: ggml_gallocr_alloc_graph_impl -----------------------------------
     def _allocate_node(self, t: Tensor, bid: int) -> None:
         hn = self._hn(t)
         if self._is_allocated(t, hn) or t.view_src is not None:
@@ -243,18 +296,28 @@ class GraphAllocator:
         hn = self._hn(t)
         return TensorRecord(hn.buffer_id, hn.chunk, hn.offset, self.bufts[hn.buffer_id].alloc_size(t))
 
-    # ---- reserve (§6.6) --------------------------------------------------------------
+    # ---- ggml_gallocr_reserve_n ------------------------------------------------------
     def plan(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
              node_ids: Sequence[int] | None = None, leaf_ids: Sequence[int] | None = None) -> None:
-        """Steps 1–3 of reserve_n: grow the hash set, reset the allocators, plan, record."""
+        """Steps 1–3 of reserve_n: grow the hash set, reset the allocators, plan (then let the
+        placement strategy re-place the lifetimes), record."""
         min_hash = len(nodes) + len(leafs)
         min_hash += min_hash // 4
         if self.hash_capacity < min_hash:
-            from toolkit.sched.metadata import hash_size
             self.hash_capacity = hash_size(min_hash)
         for a in self.allocators:
             a.reset()
         self._alloc_graph_impl(nodes, leafs, node_ids, leaf_ids)
+        self.placed = None
+        if self.placement is not None:
+            shares = [self.shares_allocator(i) for i in range(self.n_buffers)]
+            ggml_chunks = [tuple(a.chunk_sizes()) for a in self.allocators]
+            placed = self.placement(self.lifetimes, self.bufts, shares, ggml_chunks)
+            for life in self.lifetimes:
+                chunk, off = placed.offsets[id(life.tensor)]
+                hn = self.hash[id(life.tensor)]
+                life.chunk, life.offset = hn.chunk, hn.offset = chunk, off
+            self.placed = placed
         self.make_records(nodes, leafs)
 
     def make_records(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> None:
@@ -271,16 +334,20 @@ class GraphAllocator:
         self.plan(nodes, leafs, node_ids, leaf_ids)
         return self.realloc_buffers(no_alloc=no_alloc)
 
-    def realloc_buffers(self, *, no_alloc: bool = False, sizes: Sequence[tuple[int, ...]] | None = None) -> bool:
-        """Step 4 of reserve_n: grow-only (re)allocation per buffer id, shared bufts deduplicated.
+    def chunk_sizes(self, i: int) -> tuple[int, ...]:
+        """The chunk sizes the last plan needs for buffer id i (the placement's, else ggml's)."""
+        if self.placed is not None:
+            return self.placed.chunks[i]
+        return tuple(self.allocators[i].chunk_sizes())
 
-        ``sizes`` overrides the chunk sizes (the offline planner's totals)."""
+    def realloc_buffers(self, *, no_alloc: bool = False) -> bool:
+        """Step 4 of reserve_n: grow-only (re)allocation per buffer id, shared bufts deduplicated."""
         self.failed = None
         for i in range(self.n_buffers):
             j = self.shares_allocator(i)
             if j != i:
                 self.buffers[i] = self.buffers[j]
-            new_chunks = sizes[i] if sizes is not None else self.allocators[i].chunk_sizes()
+            new_chunks = self.chunk_sizes(i)
             cur = self.buffers[i]
             realloc = cur is None
             for c, new in enumerate(new_chunks):
@@ -318,7 +385,14 @@ class GraphAllocator:
 
     def max_sizes(self) -> list[int]:
         """``reserve_n_size``'s report: Σ chunk max_size per buffer id (not deduplicated)."""
+        if self.placed is not None:
+            return [sum(c) for c in self.placed.chunks]
         return [a.max_size() for a in self.allocators]
+
+    def needed_sizes(self) -> list[int]:
+        """What the last plan alone needs per buffer id, 0 for a buft shared with an earlier id."""
+        raw = self.max_sizes()
+        return [raw[i] if self.shares_allocator(i) == i else 0 for i in range(self.n_buffers)]
 
     def free(self) -> None:
         for i, b in enumerate(self.buffers):
@@ -326,7 +400,7 @@ class GraphAllocator:
                 b.free()
         self.buffers = [None] * self.n_buffers
 
-    # ---- runtime allocation (§6.7) ---------------------------------------------------
+    # ---- ggml_gallocr_alloc_graph ---------------------------------------------------
     def _valid(self, t: Tensor, rec: TensorRecord | None) -> bool:
         size = 0
         if t.data is None and t.buffer is None and t.view_src is None:
@@ -350,7 +424,7 @@ class GraphAllocator:
                     addresses: dict[int, tuple[int, int, int]]) -> bool:
         """Replay the recorded plan: ``addresses[id(t)] = (buffer id, chunk, offset)`` for every tensor
         placed in a compute buffer (views at their base's address plus view_offs). Re-reserves by
-        itself only with one buffer (§6.7).
+        itself only with one buffer (as ggml_gallocr_alloc_graph does).
 
         Unlike ggml, ``t.buffer`` is left alone: in this model a non-None buffer marks a
         pre-allocated tensor (weights, KV cache), and graphs are rebuilt for every allocation."""

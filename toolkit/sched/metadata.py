@@ -1,4 +1,4 @@
-"""Host metadata of ``ggml_backend_sched_new`` (spec §2.3): hash capacity, graph overhead, context buffer."""
+"""Host metadata of ``ggml_backend_sched_new``: hash capacity, graph overhead, context buffer."""
 
 from __future__ import annotations
 
@@ -53,12 +53,13 @@ def graph_overhead(n: int) -> int:
 
 
 def context_buffer_size(max_nodes: int) -> int:
-    """The scheduler's context buffer for copies and dependency views (§2.3 item 5)."""
+    """The scheduler's context buffer for copies and dependency views: ``ggml_backend_sched_new``
+    sizes it for ``GGML_SCHED_MAX_SPLIT_INPUTS`` copies per node, plus one graph."""
     return max_nodes * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * SIZEOF_TENSOR + graph_overhead(max_nodes)
 
 
 def host_metadata_breakdown(max_nodes: int, n_backends: int, n_copies: int) -> dict[str, int]:
-    """The large host allocations of ``sched_new`` (§2.3 items 1–5), in bytes."""
+    """The large host allocations of ``ggml_backend_sched_new``, in bytes."""
     g = max_nodes
     h = hash_size(g)
     id_len = g + g * GGML_SCHED_MAX_SPLIT_INPUTS * 2

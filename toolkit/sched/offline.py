@@ -1,11 +1,12 @@
 """An offline memory planner: every tensor's lifetime is known before any offset is chosen.
 
-ggml's allocator (spec §6.1, §6.5) is *online*: it walks the graph in node order and picks each
-offset by best fit among the blocks free at that moment, so an early choice can strand a hole
-that a later, larger tensor cannot use. Here the whole set of lifetimes is known in advance (the
-scheduler collects them from a ggml-style walk, §6.5), which turns planning into the classic
-dynamic storage allocation problem: place rectangles (time x bytes) so that no two rectangles
-that share a node position share a byte, minimising the height.
+ggml's allocator (``ggml_dyn_tallocr`` driven by ``ggml_gallocr_alloc_graph_impl``) is *online*:
+it walks the graph in node order and picks each offset by best fit among the blocks free at that
+moment, so an early choice can strand a hole that a later, larger tensor cannot use. Here the
+whole set of lifetimes is known in advance (the scheduler collects them from ggml's own walk),
+which turns planning into the classic dynamic storage allocation problem: place rectangles
+(time x bytes) so that no two rectangles that share a node position share a byte, minimising
+the height.
 
 Several cheap constructive strategies run and the lowest total wins (DEFAULT_STRATEGIES):
 - greedy by a key (size; also start = the order ggml sees tensors): place each interval, in key
@@ -23,18 +24,17 @@ where only a few tensors are live at once).
 Lifetimes are *inclusive* node positions ([start, end]): a tensor allocated at node i and freed
 after its last consumer at node j occupies [i, j]. Two intervals conflict when they share any
 position, which reproduces ggml's rule that a node's parents are freed only after the node itself
-is allocated (§6.5); in-place chains arrive already merged into one interval.
+is allocated (``ggml_gallocr_alloc_graph_impl``); in-place chains arrive already merged into one interval.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # numpy loads lazily: `import toolkit` stays cheap (ARCHITECTURE.md)
-    import numpy as np
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,6 @@ _Strategy = Callable[["np.ndarray", "np.ndarray", "np.ndarray"], "np.ndarray"]
 def _greedy(order: np.ndarray, sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Place intervals in ``order``; each goes into the smallest gap that fits it among the
     intervals already placed that overlap it in time (lowest gap on ties), else on top."""
-    import numpy as np
 
     n = len(sizes)
     offsets = np.zeros(n, dtype=np.int64)
@@ -151,10 +150,9 @@ def _greedy(order: np.ndarray, sizes: np.ndarray, starts: np.ndarray, ends: np.n
 
 def _greedy_by(key: str) -> _Strategy:
     def run(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        import numpy as np
 
         length = ends - starts + 1
-        if key == "start":  # time order, like ggml's online walk (§6.5), larger first on ties
+        if key == "start":  # time order, like ggml's online walk, larger first on ties
             return _greedy(np.lexsort((-sizes, starts)), sizes, starts, ends)
         primary = {"size": sizes, "area": sizes * length, "length": length}[key]
         secondary = length if key == "size" else sizes
@@ -174,9 +172,7 @@ def _skyline_place(score: np.ndarray, sizes: np.ndarray, starts: np.ndarray, end
     exactly if any, else one starting or ending with it if any, else any; the highest ``score``
     among those. When none lies inside, the segment is raised to its lower neighbour and merged.
     """
-    import heapq
 
-    import numpy as np
 
     n = len(sizes)
     # compress time to the distinct starts, so segments split only where something starts
@@ -255,7 +251,6 @@ def _pick(cs_l: list[int], ce_l: list[int], score_l: list[float], cs_a: np.ndarr
     One spanning the segment exactly if any, else one starting or ending with it if any, else
     any; the highest score among those, the first on ties. Both paths choose alike.
     """
-    import numpy as np
 
     if hi - lo <= _SCAN_IN_PYTHON:
         best, best_key = -1, (-1, 0.0)
@@ -280,7 +275,6 @@ def _pick(cs_l: list[int], ce_l: list[int], score_l: list[float], cs_a: np.ndarr
 
 
 def _skyline_score(key: str, sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    import numpy as np
 
     length = (ends - starts + 1).astype(np.float64)
     fsizes = sizes.astype(np.float64)
@@ -332,7 +326,6 @@ def plan_offline(intervals: Sequence[Interval], alignment: int = 1, *,
     >>> plan_offline([Interval(64, 0, 1), Interval(32, 1, 2), Interval(64, 2, 3)])
     ([0, 64, 0], 96)
     """
-    import numpy as np
 
     _check_alignment(alignment)
     if iterations < 0:

@@ -1,15 +1,15 @@
-"""Plain snapshots (:mod:`toolkit.sched.plan`) and the ``GGML_SCHED_DEBUG=2`` text of a scheduler."""
+"""The :class:`~toolkit.sched.plan.Plan` and the ``GGML_SCHED_DEBUG=2`` text, as pure functions of
+an :class:`~toolkit.sched.split.Assignment` (and, for the plan, the graph allocator's last plan)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
+from toolkit.backend.device import Backend
 from toolkit.ggml.tensor import VIEW_OPS, Tensor
+from toolkit.sched.gallocr import GraphAllocator, merged_intervals, peak_live_bytes
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
-
-if TYPE_CHECKING:
-    from toolkit.sched.gallocr import Lifetime
-    from toolkit.sched.scheduler import Scheduler
+from toolkit.sched.split import Assignment
 
 # the SET_CAUSE codes of ggml debug builds
 CAUSE_CODES = {
@@ -25,15 +25,12 @@ def fmt_size(n: int) -> str:
     return f"{n // 1024 // 1024}M" if n >= 1024 * 1024 else f"{n // 1024}K"
 
 
-def dump(s: Scheduler, causes: bool = False) -> str:
-    """``ggml_backend_sched_print_assignments`` at debug level 2 for the last split graph."""
-    g = s._graph
-    if g is None:
-        return ""
-    ids = s._snap_ids
-    cz = s._snap_causes
-    backends = s.backends
-    splits = s.splits
+def dump(a: Assignment, backends: Sequence[Backend], causes: bool = False) -> str:
+    """``ggml_backend_sched_print_assignments`` at debug level 2 for a split graph."""
+    g = a.graph
+    ids = a.backend_ids
+    cz = a.causes
+    splits = a.splits
 
     def bname(t: Tensor) -> str:
         b = ids.get(id(t), -1)
@@ -71,48 +68,20 @@ def dump(s: Scheduler, causes: bool = False) -> str:
     return "".join(out)
 
 
-def merged_intervals(lifetimes: list[Lifetime]) -> tuple[list[list[int]], dict[int, int]]:
-    """In-place chains merged into one [size, first, last] per chain; tensor id -> interval index."""
-    intervals: list[list[int]] = []
-    index: dict[int, int] = {}
-    for life in lifetimes:
-        parent = life.inplace_of
-        k = index.get(id(parent)) if parent is not None else None
-        if k is None:
-            index[id(life.tensor)] = len(intervals)
-            intervals.append([life.size, life.first, life.last, life.buffer_id])
-        else:
-            iv = intervals[k]
-            iv[0] = max(iv[0], life.size)
-            iv[2] = max(iv[2], life.last)
-            index[id(life.tensor)] = k
-    return intervals, index
+def make_plan(a: Assignment | None, backends: Sequence[Backend], galloc: GraphAllocator, allocated: Sequence[int],
+              n_copies: int, notes: Sequence[str] = ()) -> Plan:
+    """Placements, splits, allocations and buffer sizes of a split graph and its allocation.
 
-
-def peak_live_bytes(intervals: list[list[int]], buffer_ids: set[int]) -> int:
-    """The lower bound: the largest sum of sizes of intervals live at one position (inclusive ends)."""
-    delta: dict[int, int] = {}
-    for size, first, last, bid in intervals:
-        if bid in buffer_ids:
-            delta[first] = delta.get(first, 0) + size
-            delta[last + 1] = delta.get(last + 1, 0) - size
-    peak = cur = 0
-    for pos in sorted(delta):
-        cur += delta[pos]
-        peak = max(peak, cur)
-    return peak
-
-
-def make_plan(s: Scheduler) -> Plan:
-    g = s._graph
-    if g is None:
-        return Plan(0, 0, s.n_copies, (), (), (), ())
-    ids = s._snap_ids
-    cz = s._snap_causes
-    backends = s.backends
+    ``allocated`` is ``get_buffer_size`` per backend (what the scheduler holds); ``notes`` the
+    scheduler's warnings."""
+    if a is None:
+        return Plan(0, 0, n_copies, (), (), (), ())
+    g = a.graph
+    ids = a.backend_ids
+    cz = a.causes
     split_of: dict[int, int] = {}
     splits: list[SplitInfo] = []
-    for k, sp in enumerate(s.splits):
+    for k, sp in enumerate(a.splits):
         for t in sp.nodes:
             if t.op not in VIEW_OPS:
                 split_of[id(t)] = k
@@ -130,28 +99,25 @@ def make_plan(s: Scheduler) -> Plan:
             cz.get(id(t), Cause.FIRST_SUPPORTED), split_of.get(id(t), -1), t.op in VIEW_OPS, t.nbytes,
             tuple(src.name for src in t.src if src is not None), t.ne, t.type.name.lower(),
         ))
-    galloc = s.galloc
-    offl = s._offline_allocs
     allocs = []
     for life in galloc.lifetimes:
-        chunk, offset = offl[id(life.tensor)] if offl is not None else (life.chunk, life.offset)
         allocs.append(TensorAlloc(
-            life.tensor.name, galloc.bufts[life.buffer_id].name, chunk, offset, life.size, life.first, life.last,
-            life.inplace_of.name if life.inplace_of is not None else None,
+            life.tensor.name, galloc.bufts[life.buffer_id].name, life.chunk, life.offset, life.size, life.first,
+            life.last, life.inplace_of.name if life.inplace_of is not None else None,
         ))
     intervals, _ = merged_intervals(galloc.lifetimes)
-    needed = s.graph_needed_sizes()
+    needed = galloc.needed_sizes()
     buffers = []
-    for i in range(s.n_backends):
+    n_backends = len(backends)
+    for i in range(n_backends):
         if galloc.shares_allocator(i) != i:
             continue
-        sharing = [j for j in range(s.n_backends) if galloc.shares_allocator(j) == i]
-        chunks = s.planned_chunks(i)
+        sharing = [j for j in range(n_backends) if galloc.shares_allocator(j) == i]
         buffers.append(BufferPlan(
-            s.bufts[i].name, tuple(backends[j].name for j in sharing), s.buffer_size(i), needed[i], chunks,
-            peak_live_bytes(intervals, set(sharing)),
+            galloc.bufts[i].name, tuple(backends[j].name for j in sharing), allocated[i], needed[i],
+            galloc.chunk_sizes(i), peak_live_bytes(intervals, set(sharing)),
         ))
     return Plan(
-        g.n_nodes, g.n_leafs, s.n_copies, tuple(nodes), tuple(splits), tuple(allocs), tuple(buffers),
-        graph_copy_nodes=len(s.graph_copy_nodes), notes=tuple(s.warnings),
+        g.n_nodes, g.n_leafs, n_copies, tuple(nodes), tuple(splits), tuple(allocs), tuple(buffers),
+        graph_copy_nodes=len(a.graph_copy_nodes), notes=tuple(notes),
     )

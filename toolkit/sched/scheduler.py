@@ -1,4 +1,4 @@
-"""``ggml_backend_sched``: creation, reset, reserve, reserve_size, alloc_graph (spec §2, §5, §6.8).
+"""``ggml_backend_sched``: creation, reset, reserve, reserve_size, alloc_graph, compute.
 
 >>> from toolkit.backend import profiles
 >>> from toolkit.ggml import F32, Graph, ops
@@ -24,6 +24,7 @@ from toolkit.backend.device import Backend
 from toolkit.errors import ToolkitError
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE, Graph
 from toolkit.ggml.tensor import Tensor
+from toolkit.sched.compute import ComputeFn, CopyCallback, CopyFn, EvalCallback, Step, compute_splits
 from toolkit.sched.gallocr import GraphAllocator
 from toolkit.sched.metadata import (
     GGML_SCHED_MAX_BACKENDS,
@@ -33,11 +34,10 @@ from toolkit.sched.metadata import (
     hash_size,
     host_metadata_breakdown,
 )
+from toolkit.sched.offline_glue import offline_placement
 from toolkit.sched.plan import Cause, Plan
-from toolkit.sched.split import Split, split_graph
-
-CopyCallback = Callable[[Backend, Tensor, Tensor, Split], bool]
-EvalCallback = Callable[[Tensor, bool], bool]
+from toolkit.sched.report import dump, make_plan
+from toolkit.sched.split import Assignment, SchedState, Split, ggml_backend_sched_split_graph
 
 
 @contextmanager
@@ -122,12 +122,12 @@ class Scheduler:
         self.context_buffer_size = context_buffer_size(max_nodes)
         self.host_metadata = host_metadata_breakdown(max_nodes, n, self.n_copies)
         self.host_metadata_bytes = sum(self.host_metadata.values())
-        # one event per (backend, copy) when pipelining; None where the device has none (§2.3 item 7)
+        # ggml_backend_sched_new: one event per (backend, copy) when pipelining; None where the device has none
         self.events: list[list[object | None]] = (
             [[object() if be.caps_events else None for _ in range(self.n_copies)] for be in self.backends]
             if self.n_copies > 1 else []
         )
-        self.galloc = GraphAllocator(self.bufts)
+        self.galloc = GraphAllocator(self.bufts, offline_placement if planner == "offline" else None)
         self.copy_callback: CopyCallback | None = None
         self.eval_callback: EvalCallback | None = None
         self.warnings: list[str] = []
@@ -135,43 +135,36 @@ class Scheduler:
         self.next_copy = 0
         self.is_alloc = False
         self.is_reset = False
-        self.n_splits = 0
-        self.splits_capacity = 16
-        self.graph_inputs: list[Tensor] = []
         self.graph_inputs_capacity = GGML_SCHED_MAX_SPLIT_INPUTS
-        self.graph_copy_nodes: list[Tensor] = []
-        self.graph_copy_leafs: list[Tensor] = []
+        self.splits_capacity = 16
         self.addresses: dict[int, tuple[int, int, int]] = {}
-        self._slots: list[Split] = [Split() for _ in range(16)]
+        # the last ggml_backend_sched_split_graph (None before the first); it outlives reset()
+        self.assignment: Assignment | None = None
+        self._inputs_capacities: tuple[int, ...] = (0,) * 16   # the split slots persist across graphs
+        self._prev_node_ids: tuple[int, ...] = ()   # ggml's prev_node_backend_ids (the split before)
+        self._prev_leaf_ids: tuple[int, ...] = ()
+        # hv_tensor_backend_ids / causes / tensor copies as the next split starts from them: the user's
+        # pins after a reset, else what the last split left (ggml clears them only in reset)
         self._ids: dict[int, int] = {}
         self._causes: dict[int, Cause] = {}
         self._copies: dict[tuple[int, int], list[Tensor]] = {}
+        self._split_since_reset = False
         self._pins: list[Tensor] = []
-        self._node_ids: list[int] = []
-        self._prev_node_ids: list[int] = []
-        self._leaf_ids: list[int] = []
-        self._prev_leaf_ids: list[int] = []
-        self._graph: Graph | None = None
-        self._ctx_tensors = 0
-        self._null_in_hash = False
-        self._offline_allocs: dict[int, tuple[int, int]] | None = None
-        self._snap_ids: dict[int, int] = {}
-        self._snap_causes: dict[int, Cause] = {}
-        self._snap_copies: dict[tuple[int, int], list[Tensor]] = {}
         self.reset()
 
-    # ---- lifecycle (§2.4, §5.2) ------------------------------------------------------
+    # ---- lifecycle: ggml_backend_sched_reset / synchronize / free -------------------------
     def reset(self) -> None:
         if not self.is_reset:
             self._ids = {}
             self._causes = {}
             self._copies = {}
             self._pins = []
+            self._split_since_reset = False
             self.is_reset = True
         self.is_alloc = False
 
     def synchronize(self) -> None:
-        # with no graph allocated, generation keeps copy 0 (stable CUDA graphs, §5.2)
+        # with no graph allocated, generation keeps copy 0 (stable CUDA graphs)
         if not self.is_alloc:
             self.next_copy = 0
 
@@ -180,10 +173,14 @@ class Scheduler:
         self.galloc.free()
 
     def set_tensor_backend(self, t: Tensor, backend: int | Backend) -> None:
-        """A user pin: survives until the next reset (§2.4)."""
+        """``ggml_backend_sched_set_tensor_backend``: a user pin, until the next reset."""
         b = backend if isinstance(backend, int) else self.backend_index(backend)
         if not 0 <= b < self.n_backends:
             raise ValueError(f"backend index {b} is out of range 0..{self.n_backends - 1}")
+        if self._split_since_reset:
+            # the tables belong to the last Assignment now: write into copies of them
+            self._ids, self._causes, self._copies = dict(self._ids), dict(self._causes), dict(self._copies)
+            self._split_since_reset = False
         self._ids[id(t)] = b
         self._causes[id(t)] = Cause.USER_PIN
         self._pins.append(t)  # keeps id(t) from being reused while pinned
@@ -201,12 +198,13 @@ class Scheduler:
 
     def tensor_copy(self, t: Tensor, backend_id: int, copy: int | None = None) -> Tensor | None:
         """``tensor_id_copy``: t's copy on a backend (copy ``cur_copy`` by default), None if none."""
-        entries = self._snap_copies.get((id(t), backend_id))
+        a = self.assignment
+        entries = None if a is None else a.copies.get((id(t), backend_id))
         return None if entries is None else entries[self.cur_copy if copy is None else copy]
 
     def split_input_pairs(self, split: Split) -> list[tuple[Tensor, Tensor]]:
-        """(source, its copy for cur_copy) for each input of a split, in input order (§3.5)."""
-        return [(t, self._snap_copies[(id(t), split.backend_id)][self.cur_copy]) for t in split.inputs]
+        """(source, its copy for cur_copy) for each input of a split, in input order."""
+        return self._assigned().split_input_pairs(split, self.cur_copy)
 
     def backend_index(self, backend: Backend) -> int:
         for i, be in enumerate(self.backends):
@@ -221,14 +219,35 @@ class Scheduler:
         self.copy_callback = cb
 
     # ---- splitting ---------------------------------------------------------------------
+    def _assigned(self) -> Assignment:
+        if self.assignment is None:
+            raise RuntimeError("no graph has been split by this scheduler yet")
+        return self.assignment
+
     @property
-    def splits(self) -> list[Split]:
-        return self._slots[: self.n_splits]
+    def n_splits(self) -> int:
+        return 0 if self.assignment is None else self.assignment.n_splits
+
+    @property
+    def splits(self) -> tuple[Split, ...]:
+        return () if self.assignment is None else self.assignment.splits
+
+    @property
+    def graph_inputs(self) -> tuple[Tensor, ...]:
+        return () if self.assignment is None else self.assignment.graph_inputs
+
+    @property
+    def graph_copy_nodes(self) -> tuple[Tensor, ...]:
+        return () if self.assignment is None else self.assignment.graph_copy_nodes
+
+    @property
+    def graph_copy_leafs(self) -> tuple[Tensor, ...]:
+        return () if self.assignment is None else self.assignment.graph_copy_leafs
 
     @property
     def split_capacities(self) -> tuple[int, ...]:
-        """inputs_capacity of every split slot used so far (persists across graphs, T5)."""
-        return tuple(sl.inputs_capacity for sl in self._slots if sl.inputs_capacity)
+        """inputs_capacity of every split slot used so far (slots persist across graphs)."""
+        return tuple(c for c in self._inputs_capacities if c)
 
     @property
     def n_graph_inputs(self) -> int:
@@ -238,33 +257,43 @@ class Scheduler:
         if graph.n_nodes + graph.n_leafs > self.hash_size:
             raise GraphTooLarge(graph.n_nodes, graph.n_leafs, self.hash_size, self.max_nodes)
 
-    def split_graph(self, graph: Graph) -> None:
-        """Passes 1–5 and graph_copy; mutates ``graph`` (srcs point at copies): split a graph once."""
+    def split_graph(self, graph: Graph) -> Assignment:
+        """``ggml_backend_sched_split_graph`` on this scheduler's state; mutates ``graph`` (srcs point
+        at copies), so split a graph once. The result is also kept as :attr:`assignment`."""
         self._check_size(graph)
+        st = SchedState(self.backends, self.bufts, self.op_offload, self.n_copies, self.cur_copy,
+                        self.context_buffer_size, self._inputs_capacities, self.splits_capacity,
+                        self.graph_inputs_capacity, self._prev_node_ids, self._prev_leaf_ids)
+        if self._split_since_reset:
+            # not reset since the last split: ggml's tables still hold it; the new split owns copies
+            self._ids, self._causes, self._copies = dict(self._ids), dict(self._causes), dict(self._copies)
+        self.is_reset = False
         with _no_cyclic_gc():
-            split_graph(self, graph)
-        # reset() replaces these dicts, so the snapshot survives for plan() and dump()
-        self._snap_ids = self._ids
-        self._snap_causes = self._causes
-        self._snap_copies = self._copies
-        if self._null_in_hash and graph.n_nodes + graph.n_leafs + 1 > self.hash_size:
-            # the null key of pass 3 needs one more slot of a full set (§3.3 quirk)
+            a = ggml_backend_sched_split_graph(graph, st, self._ids, self._causes, self._copies)
+        if self.assignment is not None:
+            self._prev_node_ids, self._prev_leaf_ids = self.assignment.node_ids, self.assignment.leaf_ids
+        self.assignment = a
+        self._split_since_reset = True
+        self._inputs_capacities = a.inputs_capacities
+        self.splits_capacity = a.splits_capacity
+        self.graph_inputs_capacity = a.graph_inputs_capacity
+        self.warnings += a.warnings
+        if a.null_in_hash and graph.n_nodes + graph.n_leafs + 1 > self.hash_size:
+            # the null key of pass 3 needs one more slot of a full set
             raise GraphTooLarge(graph.n_nodes, graph.n_leafs + 1, self.hash_size, self.max_nodes)
+        return a
 
-    # ---- allocation (§6.8) -------------------------------------------------------------
+    # ---- allocation: ggml_backend_sched_reserve / alloc_graph ----------------------------
     def _plan_and_realloc(self, *, no_alloc: bool) -> bool:
-        args = (self.graph_copy_nodes, self.graph_copy_leafs, self._node_ids, self._leaf_ids)
-        if self.planner == "offline":
-            from toolkit.sched.offline_glue import plan_with_offline
-            self.galloc.plan(*args)
-            sizes = plan_with_offline(self)
-            return self.galloc.realloc_buffers(no_alloc=no_alloc, sizes=sizes)
-        self._offline_allocs = None
-        return self.galloc.reserve_n(*args, no_alloc=no_alloc)
+        """``ggml_gallocr_reserve_n`` over the last graph copy (the allocator's placement decides offsets)."""
+        a = self._assigned()
+        return self.galloc.reserve_n(a.graph_copy_nodes, a.graph_copy_leafs, a.node_ids, a.leaf_ids,
+                                     no_alloc=no_alloc)
 
     @_paused_gc
     def reserve(self, graph: Graph) -> bool:
-        """Split and plan ``graph``, grow the buffers; False when an allocation fails (alloc_limit)."""
+        """``ggml_backend_sched_reserve``: split and plan ``graph``, grow the buffers; False when an
+        allocation fails (alloc_limit)."""
         self._check_size(graph)
         self.synchronize()
         self.split_graph(graph)
@@ -284,13 +313,12 @@ class Scheduler:
         self.synchronize()
         self.split_graph(graph)
         self._plan_and_realloc(no_alloc=True)
-        if self._offline_allocs is not None:
-            return list(self._offline_sizes)
         return self.galloc.max_sizes()
 
     @_paused_gc
     def alloc_graph(self, graph: Graph) -> bool:
-        """Rotate the copy, split, allocate (re-reserving when the backend ids' bufts changed)."""
+        """``ggml_backend_sched_alloc_graph``: rotate the copy, split, allocate (re-reserving when the
+        backend ids' bufts changed)."""
         self._check_size(graph)
         if self.is_alloc:
             raise RuntimeError("alloc_graph: a graph is already allocated; call reset() first")
@@ -303,7 +331,7 @@ class Scheduler:
         self.is_alloc = True
         return True
 
-    def _ids_changed(self, cur: list[int], prev: list[int], n: int) -> bool:
+    def _ids_changed(self, cur: Sequence[int], prev: Sequence[int], n: int) -> bool:
         bufts = self.bufts
         lp = len(prev)
         for i in range(n):
@@ -314,9 +342,11 @@ class Scheduler:
         return False
 
     def _alloc_splits(self) -> bool:
-        nodes, leafs = self.graph_copy_nodes, self.graph_copy_leafs
-        changed = self._ids_changed(self._node_ids, self._prev_node_ids, len(nodes)) or self._ids_changed(
-            self._leaf_ids, self._prev_leaf_ids, len(leafs))
+        """``ggml_backend_sched_alloc_splits``: re-reserve when a node or leaf changed buffer type."""
+        a = self._assigned()
+        nodes, leafs = a.graph_copy_nodes, a.graph_copy_leafs
+        changed = self._ids_changed(a.node_ids, self._prev_node_ids, len(nodes)) or self._ids_changed(
+            a.leaf_ids, self._prev_leaf_ids, len(leafs))
         self.addresses = {}
         if changed or self.planner == "offline" or not self.galloc.alloc_graph(nodes, leafs, self.addresses):
             if not self._plan_and_realloc(no_alloc=False):
@@ -333,16 +363,14 @@ class Scheduler:
         a = self.addresses.get(id(t))
         return None if a is None else (self.bufts[a[0]].name, a[1], a[2])
 
-    # ---- computing (§5.3) ------------------------------------------------------------------
-    def compute_splits(self, copy: Callable[[Tensor, Tensor, Split], None],
-                       compute: Callable[[int, list[Tensor]], None]) -> list[Any]:
+    # ---- computing: ggml_backend_sched_compute_splits ------------------------------------
+    def compute_splits(self, copy: CopyFn, compute: ComputeFn) -> list[Step]:
         """Walk the allocated splits in ggml's order (waits, input copies, computes, events),
-        calling ``copy`` and ``compute``; returns the steps (:class:`toolkit.sched.compute.Step`)."""
-        from toolkit.sched.compute import compute_splits
-        return compute_splits(self, copy, compute)
+        calling ``copy`` and ``compute``; returns the steps."""
+        return compute_splits(self._assigned(), self.backends, self.events, self.cur_copy, copy, compute,
+                              self.copy_callback, self.eval_callback)
 
-    def graph_compute(self, graph: Graph, copy: Callable[[Tensor, Tensor, Split], None],
-                      compute: Callable[[int, list[Tensor]], None]) -> list[Any]:
+    def graph_compute(self, graph: Graph, copy: CopyFn, compute: ComputeFn) -> list[Step]:
         """``ggml_backend_sched_graph_compute``: reset if needed, allocate if needed, compute, sync."""
         if not self.is_reset and not self.is_alloc:
             self.reset()
@@ -364,28 +392,22 @@ class Scheduler:
 
     def graph_needed_sizes(self) -> list[int]:
         """What the last planned graph alone needs per backend (Σ chunk maxima), 0 for a shared buft."""
-        raw = list(self._offline_sizes) if self._offline_allocs is not None else self.galloc.max_sizes()
-        return [raw[i] if self.galloc.shares_allocator(i) == i else 0 for i in range(self.n_backends)]
-
-    _offline_sizes: tuple[int, ...] = ()
-    _offline_chunks: tuple[tuple[int, ...], ...] = ()
+        return self.galloc.needed_sizes()
 
     def planned_chunks(self, i: int) -> tuple[int, ...]:
         """The chunk sizes the last plan needs for backend i's allocator (offline or ggml)."""
-        if self._offline_allocs is not None:
-            return self._offline_chunks[i]
-        return tuple(self.galloc.allocators[i].chunk_sizes())
+        return self.galloc.chunk_sizes(i)
 
     # ---- reporting -------------------------------------------------------------------------
     def plan(self) -> Plan:
-        from toolkit.sched.report import make_plan
-        return make_plan(self)
+        """The last split graph and its allocation as plain data (:func:`toolkit.sched.report.make_plan`)."""
+        return make_plan(self.assignment, self.backends, self.galloc, self.buffer_sizes(), self.n_copies,
+                         self.warnings)
 
     def dump(self, causes: bool = False) -> str:
         """The ``GGML_SCHED_DEBUG=2`` listing of the last split graph (``causes=True`` fills the
         cause column that ggml prints only in debug builds)."""
-        from toolkit.sched.report import dump
-        return dump(self, causes=causes)
+        return "" if self.assignment is None else dump(self.assignment, self.backends, causes=causes)
 
     def __repr__(self) -> str:
         names = ", ".join(be.name for be in self.backends)

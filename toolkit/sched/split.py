@@ -1,21 +1,28 @@
-"""``ggml_backend_sched_split_graph``: passes 1–5 and graph_copy (spec §3).
+"""``ggml_backend_sched_split_graph``: the five placement passes and the graph copy, as functions.
 
-Written as functions over a :class:`~toolkit.sched.scheduler.Scheduler` so that the
-scheduler module stays about its lifecycle. Every loop visits in ggml's order; the
-comments name the rule (and spec section) each branch reproduces.
+:func:`ggml_backend_sched_split_graph` takes everything it reads as arguments (the backends,
+their buffer types, the tables the scheduler carries between graphs) and returns a frozen
+:class:`Assignment`: the backend of every tensor and why, the input copies, the splits and the
+graph copy the allocator plans. Each pass is its own function named after the part of ggml's
+function it ports; every loop visits in ggml's order, and the comments name the rule each
+branch reproduces.
+
+The tables a pass fills (``ids``, ``causes``, ``copies``) are built by
+:func:`ggml_backend_sched_split_graph` alone and frozen into the Assignment when it returns;
+the scheduler never writes into an Assignment.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from toolkit.backend.buft import BufferType
+from toolkit.backend.device import Backend
 from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import VIEW_OPS, BufferUsage, Op, Tensor, TensorFlag
 from toolkit.sched.metadata import GGML_SCHED_MAX_SPLIT_INPUTS, TENSOR_OVERHEAD
 from toolkit.sched.plan import Cause
-
-if TYPE_CHECKING:
-    from toolkit.sched.scheduler import Scheduler
 
 _WEIGHTS = BufferUsage.WEIGHTS
 _INPUT = TensorFlag.INPUT
@@ -24,24 +31,27 @@ _and = int.__and__  # IntFlag's own & is Python-level; this is the C one
 # op names: string hashing is C-fast, Enum hashing is not
 VIEW_OP_NAMES = frozenset(op.value for op in VIEW_OPS)
 
+Ids = dict[int, int]                          # id(tensor) -> backend index (hv_tensor_backend_ids)
+Causes = dict[int, Cause]                     # id(tensor) -> why (SET_CAUSE of ggml debug builds)
+Copies = dict[tuple[int, int], list[Tensor]]  # (id(tensor), backend) -> one copy per n_copies
+BufferSupported = Callable[[Tensor, int], bool]
+
 
 class SchedulerAbort(RuntimeError):
     """Where ggml aborts during splitting (the message says which rule and which tensor)."""
 
 
+@dataclass(frozen=True, eq=False)
 class Split:
-    """One split slot: ``backend_id``, half-open node range, inputs; the slot (and its
-    ``inputs_capacity``) persists across graphs on the same scheduler (§3.5, T5)."""
+    """One ``ggml_backend_sched_split``: backend, half-open node range, inputs, and the inputs
+    capacity of its slot (slots persist across graphs on the same scheduler)."""
 
-    __slots__ = ("backend_id", "i_start", "i_end", "inputs", "inputs_capacity", "nodes")
-
-    def __init__(self) -> None:
-        self.backend_id = 0
-        self.i_start = 0
-        self.i_end = 0
-        self.inputs: list[Tensor] = []
-        self.inputs_capacity = 0
-        self.nodes: list[Tensor] = []
+    backend_id: int
+    i_start: int
+    i_end: int
+    inputs: tuple[Tensor, ...]
+    inputs_capacity: int
+    nodes: tuple[Tensor, ...]
 
     @property
     def n_inputs(self) -> int:
@@ -52,6 +62,46 @@ class Split:
                 f"n_inputs={self.n_inputs}, inputs_capacity={self.inputs_capacity})")
 
 
+@dataclass(frozen=True, eq=False)
+class Assignment:
+    """The result of one ``ggml_backend_sched_split_graph``: plain data, never written after.
+
+    ``node_ids``/``leaf_ids`` are ggml's fixed-size ``node_backend_ids``/``leaf_backend_ids``
+    arrays: positions past this graph's graph copy keep what an older graph wrote there, which
+    the change check of ``ggml_backend_sched_alloc_splits`` reads.
+    """
+
+    graph: Graph
+    backend_ids: Mapping[int, int]
+    causes: Mapping[int, Cause]
+    copies: Mapping[tuple[int, int], Sequence[Tensor]]
+    splits: tuple[Split, ...]
+    graph_inputs: tuple[Tensor, ...]
+    graph_copy_nodes: tuple[Tensor, ...]
+    graph_copy_leafs: tuple[Tensor, ...]
+    node_ids: tuple[int, ...]
+    leaf_ids: tuple[int, ...]
+    cur_copy: int
+    n_ctx_tensors: int                   # tensors created in the scheduler's context (copies, views)
+    null_in_hash: bool                   # pass 3 looked up a null view_src (one more hash slot used)
+    # what persists on the scheduler and may have grown while splitting
+    inputs_capacities: tuple[int, ...]   # every split slot's inputs capacity (0: never used)
+    splits_capacity: int
+    graph_inputs_capacity: int
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def n_splits(self) -> int:
+        return len(self.splits)
+
+    def tensor_backend_id(self, t: Tensor) -> int:
+        return self.backend_ids.get(id(t), -1)
+
+    def split_input_pairs(self, split: Split, copy: int) -> list[tuple[Tensor, Tensor]]:
+        """(source, its copy ``copy`` on the split's backend) for each input, in input order."""
+        return [(t, self.copies[(id(t), split.backend_id)][copy]) for t in split.inputs]
+
+
 def _dup_layout(src: Tensor, name: str) -> Tensor:
     """``ggml_dup_tensor_layout``: same type, shape and *strides* (a copy's nbytes = the source's)."""
     t = Tensor(src.type, src.ne, nb=src.nb)
@@ -60,39 +110,26 @@ def _dup_layout(src: Tensor, name: str) -> Tensor:
 
 
 def _view_dep(src: Tensor) -> Tensor:
-    """``ggml_view_tensor`` of a split input with src[0] = input: keeps the source alive (§3.6)."""
+    """``ggml_view_tensor`` of a split input with src[0] = input: keeps the source alive while copied."""
     t = Tensor(src.type, src.ne, view_src=src, view_offs=0, nb=src.nb, name=f"{src.name} (view)")
     t.src[0] = src
     return t
 
 
-def split_graph(s: Scheduler, graph: Graph) -> None:
-    backends = s.backends
-    n_b = len(backends)
-    last = n_b - 1
-    bufts = s.bufts
-    ids = s._ids
-    causes = s._causes
-    get = ids.get
-    nodes = graph.nodes
-    leafs = graph.leafs
-
-    s.n_splits = 0
-    s.graph_inputs = []
-    s.is_reset = False
-    s._ctx_tensors = 0
-    s._graph = graph
-    s._null_in_hash = False
-
-    def from_buffer(t: Tensor, op: Tensor) -> int:
-        buf = t.view_src.buffer if t.view_src is not None else t.buffer
-        if buf is None:
-            return -1
-        for b in range(n_b):
-            be = backends[b]
-            if be.supports_buft(buf.buft) and be.supports_op(op):
-                return b
+def _backend_from_buffer(backends: Sequence[Backend], t: Tensor, op: Tensor) -> int:
+    """``ggml_backend_sched_backend_from_buffer``: the first backend that reads t's buffer and runs op."""
+    buf = t.view_src.buffer if t.view_src is not None else t.buffer
+    if buf is None:
         return -1
+    for b, be in enumerate(backends):
+        if be.supports_buft(buf.buft) and be.supports_op(op):
+            return b
+    return -1
+
+
+def _buffer_supported_fn(backends: Sequence[Backend], bufts: Sequence[BufferType], ids: Ids) -> BufferSupported:
+    """``ggml_backend_sched_buffer_supported``: can backend b read t where it lives (or will live)?"""
+    get = ids.get
 
     def buffer_supported(t: Tensor, b: int) -> bool:
         vs = t.view_src
@@ -108,53 +145,68 @@ def split_graph(s: Scheduler, graph: Graph) -> None:
             buft = bufts[tb]
         return backends[b].supports_buft(buft)
 
-    def from_cur(t: Tensor) -> int:
-        b = from_buffer(t, t)
+    return buffer_supported
+
+
+def _backend_id_from_cur(backends: Sequence[Backend], op_offload: bool, t: Tensor, causes: Causes) -> int:
+    """``ggml_backend_sched_backend_id_from_cur``: pre-allocated buffer, graph input, weight, op offload."""
+    last = len(backends) - 1
+    b = _backend_from_buffer(backends, t, t)
+    if b != -1:
+        causes[id(t)] = Cause.BUFFER
+        return b
+    vs = t.view_src
+    if vs is not None:
+        b = _backend_from_buffer(backends, vs, t)
         if b != -1:
             causes[id(t)] = Cause.BUFFER
             return b
-        vs = t.view_src
-        if vs is not None:
-            b = from_buffer(vs, t)
-            if b != -1:
-                causes[id(t)] = Cause.BUFFER
-                return b
-        if t.buffer is not None or (vs is not None and vs.buffer is not None):
-            buf = vs.buffer if vs is not None else t.buffer
-            raise SchedulerAbort(
-                f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that cannot run the operation "
-                f"({t.op_desc()})"
-            )
-        if _and(t.flags, 1):
-            causes[id(t)] = Cause.INPUT
-            return last
-        # weight rule: the first weight src decides; ROPE and FLASH_ATTN_EXT are skipped (§3.1 step 5)
-        if t.op is not Op.ROPE and t.op is not Op.FLASH_ATTN_EXT:
-            for src in t.src:
-                if src is None:
-                    continue
-                sbuf = src.buffer
-                if sbuf is not None and sbuf.usage is _WEIGHTS:
-                    wb = from_buffer(src, t)
-                    if s.op_offload and wb == last and sbuf.buft.is_host:
-                        for b in range(wb):
-                            if backends[b].supports_op(t) and backends[b].offload_op(t):
-                                causes[id(t)] = Cause.OP_OFFLOAD
-                                return b
-                    causes[id(t)] = Cause.WEIGHT
-                    return wb
-        return -1
+    if t.buffer is not None or (vs is not None and vs.buffer is not None):
+        buf = vs.buffer if vs is not None else t.buffer
+        assert buf is not None
+        raise SchedulerAbort(
+            f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that cannot run the operation "
+            f"({t.op_desc()})"
+        )
+    if _and(t.flags, 1):
+        causes[id(t)] = Cause.INPUT
+        return last
+    # weight rule: the first weight src decides; ROPE and FLASH_ATTN_EXT are skipped (their weight-like
+    # sources are not what should pin them)
+    if t.op is not Op.ROPE and t.op is not Op.FLASH_ATTN_EXT:
+        for src in t.src:
+            if src is None:
+                continue
+            sbuf = src.buffer
+            if sbuf is not None and sbuf.usage is _WEIGHTS:
+                wb = _backend_from_buffer(backends, src, t)
+                if op_offload and wb == last and sbuf.buft.is_host:
+                    for b in range(wb):
+                        if backends[b].supports_op(t) and backends[b].offload_op(t):
+                            causes[id(t)] = Cause.OP_OFFLOAD
+                            return b
+                causes[id(t)] = Cause.WEIGHT
+                return wb
+    return -1
 
-    # ---- pass 1: pre-allocated tensors, inputs and weights (leafs, then nodes) -----------
-    for t in leafs:
-        if get(id(t), -1) == -1:
-            ids[id(t)] = from_cur(t)
-    for t in nodes:
-        if get(id(t), -1) == -1:
-            ids[id(t)] = from_cur(t)
 
-    # ---- pass 2: expansion, four sweeps over non-view nodes (§3.2) -----------------------
-    compute = [t for t in nodes if t.op._value_ not in VIEW_OP_NAMES]
+def pass1_assign_from_cur(graph: Graph, backends: Sequence[Backend], op_offload: bool,
+                          ids: Ids, causes: Causes) -> None:
+    """Pass 1: pre-allocated tensors, graph inputs and weights decide (leafs, then nodes)."""
+    get = ids.get
+    for t in graph.leafs:
+        if get(id(t), -1) == -1:
+            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes)
+    for t in graph.nodes:
+        if get(id(t), -1) == -1:
+            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes)
+
+
+def pass2_expand(compute: Sequence[Tensor], backends: Sequence[Backend], ids: Ids, causes: Causes) -> None:
+    """Pass 2: expand assignments to neighbouring nodes, four sweeps over non-view nodes
+    (down then up skipping the CPU, then down and up with it)."""
+    last = len(backends) - 1
+    get = ids.get
     for order, gpu_only, cause in (
         (compute, True, Cause.EXPAND_DOWN),
         (compute[::-1], True, Cause.EXPAND_UP),
@@ -170,7 +222,15 @@ def split_graph(s: Scheduler, graph: Graph) -> None:
                 ids[id(t)] = cur
                 causes[id(t)] = cause
 
-    # ---- pass 3: best inputs for unassigned nodes, upgrades for assigned ones (§3.3) -----
+
+def pass3_upgrade(compute: Sequence[Tensor], backends: Sequence[Backend], bufts: Sequence[BufferType],
+                  buffer_supported: BufferSupported, ids: Ids, causes: Causes) -> bool:
+    """Pass 3: unassigned nodes go where most of their inputs are; assigned ones move to a
+    higher-priority backend with the same buffer type when it runs them. Returns whether a null
+    ``view_src`` was looked up (ggml hashes it: a harmless quirk that takes one more hash slot)."""
+    n_b = len(backends)
+    get = ids.get
+    null_in_hash = False
     for t in compute:
         k = get(id(t), -1)
         if k == -1:
@@ -185,7 +245,7 @@ def split_graph(s: Scheduler, graph: Graph) -> None:
                     if get(id(src), -1) != -1:
                         known = True
                     elif src.view_src is None:
-                        s._null_in_hash = True  # ggml hashes the null view_src (a harmless quirk)
+                        null_in_hash = True
                         known = False
                     else:
                         known = get(id(src.view_src), -1) != -1
@@ -202,9 +262,15 @@ def split_graph(s: Scheduler, graph: Graph) -> None:
                         ids[id(t)] = b
                         causes[id(t)] = Cause.UPGRADE
                         break
+    return null_in_hash
 
-    # ---- pass 4: views take their base's backend, srcs their user's (§3.4) ---------------
-    for t in nodes:
+
+def pass4_assign_remaining(graph: Graph, backends: Sequence[Backend], ids: Ids, causes: Causes) -> None:
+    """Pass 4: views take their base's backend, unassigned sources their user's; a node nothing
+    assigned goes to the first backend that supports it."""
+    n_b = len(backends)
+    get = ids.get
+    for t in graph.nodes:
         cur = get(id(t), -1)
         if t.view_src is not None and cur == -1:
             cur = ids[id(t)] = get(id(t.view_src), -1)
@@ -227,27 +293,57 @@ def split_graph(s: Scheduler, graph: Graph) -> None:
         if cur == -1:
             raise SchedulerAbort(f"node {t.name} ({t.op_desc()}) is supported by no backend (no CPU fallback)")
 
-    _pass5(s, graph, buffer_supported)
-    _build_graph_copy(s, graph)
+
+class _SplitSlot:
+    """A split being built by pass 5 (frozen into a :class:`Split` at the end)."""
+
+    __slots__ = ("backend_id", "i_start", "i_end", "inputs", "inputs_capacity")
+
+    def __init__(self, inputs_capacity: int) -> None:
+        self.backend_id = 0
+        self.i_start = 0
+        self.i_end = 0
+        self.inputs: list[Tensor] = []
+        self.inputs_capacity = inputs_capacity
 
 
-def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignore[no-untyped-def]
-    """Splits and input copies (§3.5)."""
-    ids = s._ids
+@dataclass
+class _Pass5Result:
+    slots: list[_SplitSlot]
+    capacities: list[int]
+    splits_capacity: int
+    graph_inputs: list[Tensor]
+    graph_inputs_capacity: int
+    n_ctx_tensors: int
+    warnings: list[str]
+
+
+def pass5_split(graph: Graph, backends: Sequence[Backend], n_copies: int, cur_copy: int,
+                buffer_supported: BufferSupported, ids: Ids, copies: Copies, capacities: Sequence[int],
+                splits_capacity: int, graph_inputs_capacity: int) -> _Pass5Result:
+    """Pass 5: cut the node list into splits and create the input copies; sources are rewritten
+    to point at their copy for ``cur_copy`` (the graph is mutated, as ggml does).
+
+    ``capacities`` are the inputs capacities of the scheduler's split slots: a slot keeps its
+    grown capacity for later graphs (it starts at 0 and grows to GGML_SCHED_MAX_SPLIT_INPUTS, then doubles).
+    """
     get = ids.get
-    copies = s._copies
-    backends = s.backends
-    n_copies = s.n_copies
-    cur_copy = s.cur_copy
     nodes = graph.nodes
-    slots = s._slots
+    caps = list(capacities)
+    slots: list[_SplitSlot] = []
+    graph_inputs: list[Tensor] = []
+    warnings: list[str] = []
+    n_ctx = 0
 
-    def slot(k: int) -> Split:
-        while k >= len(slots):
-            slots.append(Split())
-        if k >= s.splits_capacity:
-            s.splits_capacity *= 2
-        return slots[k]
+    def slot(k: int) -> _SplitSlot:
+        nonlocal splits_capacity
+        while k >= len(caps):
+            caps.append(0)
+        if k >= splits_capacity:
+            splits_capacity *= 2
+        sl = _SplitSlot(caps[k])
+        slots.append(sl)
+        return sl
 
     i = 0
     n = len(nodes)
@@ -259,8 +355,6 @@ def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignor
             break
         i += 1
     split.i_start = 0
-    split.inputs = []
-    i_split = 0
     cur = split.backend_id
     first = i
     for i in range(first, n):
@@ -275,7 +369,7 @@ def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignor
             for src in node.src:
                 if src is None:
                     continue
-                # a fresh split per offloaded host weight, so earlier weight copies can die (§3.5)
+                # a fresh split per offloaded host weight, so earlier weight copies can be freed
                 sbuf = src.buffer
                 if sbuf is not None and sbuf.usage is _WEIGHTS:
                     if get(id(src), -1) != cur and not buffer_supported(src, cur):
@@ -288,11 +382,10 @@ def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignor
                         break
         if nb != cur or need_new:
             split.i_end = i
-            i_split += 1
-            split = slot(i_split)
+            caps[len(slots) - 1] = split.inputs_capacity
+            split = slot(len(slots))
             split.backend_id = nb
             split.i_start = i
-            split.inputs = []  # the slot keeps its inputs_capacity (T5)
             cur = nb
         for j, src in enumerate(node.src):
             if src is None:
@@ -301,27 +394,27 @@ def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignor
             if sb == -1:
                 raise SchedulerAbort(f"source {src.name} of {node.name} has no backend")
             if n_copies > 1 and _and(src.flags, 1) and (id(src), sb) not in copies:
-                # graph-input replication: the entry at cur_copy is the tensor itself (§3.5, §5.1)
+                # graph-input replication: the entry at cur_copy is the tensor itself
                 name = backends[sb].name
                 reps: list[Tensor] = []
                 for c in range(n_copies):
                     t = src if c == cur_copy else _dup_layout(src, f"{name}#{src.name}#{c}")
                     if c != cur_copy:
-                        s._ctx_tensors += 1
+                        n_ctx += 1
                     t.flags |= _INPUT | _OUTPUT
                     reps.append(t)
                 copies[(id(src), sb)] = reps
-                if len(s.graph_inputs) >= s.graph_inputs_capacity:
-                    s.warnings.append(f"increasing graph inputs capacity from {s.graph_inputs_capacity} to "
-                                      f"{s.graph_inputs_capacity * 2}")
-                    s.graph_inputs_capacity *= 2
-                s.graph_inputs.append(src)
+                if len(graph_inputs) >= graph_inputs_capacity:
+                    warnings.append(f"increasing graph inputs capacity from {graph_inputs_capacity} to "
+                                    f"{graph_inputs_capacity * 2}")
+                    graph_inputs_capacity *= 2
+                graph_inputs.append(src)
             if sb != cur and not buffer_supported(src, cur):
                 entries = copies.get((id(src), cur))
                 if entries is None:
                     name = backends[cur].name
                     entries = [_dup_layout(src, f"{name}#{src.name}#{c}") for c in range(n_copies)]
-                    s._ctx_tensors += n_copies
+                    n_ctx += n_copies
                     if n_copies > 1:
                         for t in entries:
                             t.flags |= _INPUT | _OUTPUT
@@ -330,36 +423,35 @@ def _pass5(s: Scheduler, graph: Graph, buffer_supported) -> None:  # type: ignor
                         new_cap = GGML_SCHED_MAX_SPLIT_INPUTS if split.inputs_capacity == 0 \
                             else split.inputs_capacity * 2
                         if split.inputs_capacity:
-                            s.warnings.append(
+                            warnings.append(
                                 f"increasing split inputs capacity from {split.inputs_capacity} to {new_cap}")
                         split.inputs_capacity = new_cap
                     split.inputs.append(src)
                 node.src[j] = entries[cur_copy]
     split.i_end = n
-    s.n_splits = i_split + 1
+    caps[len(slots) - 1] = split.inputs_capacity
+    return _Pass5Result(slots, caps, splits_capacity, graph_inputs, graph_inputs_capacity, n_ctx, warnings)
 
 
-def _build_graph_copy(s: Scheduler, graph: Graph) -> None:
-    """graph_copy: per split, (dep, copy) per input then the split's nodes; leafs (§3.6)."""
-    ids = s._ids
+def build_graph_copy(graph: Graph, splits: Sequence[Split], graph_inputs: Sequence[Tensor], ids: Ids,
+                     copies: Copies, n_copies: int, cur_copy: int) -> tuple[list[Tensor], list[int], list[Tensor],
+                                                                           list[int], int]:
+    """The end of ``ggml_backend_sched_split_graph``: ``graph_copy`` with, per split, a dependency
+    view and the copy of each input, then the split's nodes; under pipeline parallelism every
+    copy of the graph inputs and split inputs as leafs, then the graph's leafs.
+
+    Returns (nodes, node backend ids, leafs, leaf backend ids, dependency views created).
+    """
     get = ids.get
-    copies = s._copies
-    cur_copy = s.cur_copy
-    n_copies = s.n_copies
-    # keep the previous assignment for the change check of alloc_splits (§6.7)
-    s._node_ids, s._prev_node_ids = s._prev_node_ids, s._node_ids
-    s._leaf_ids, s._prev_leaf_ids = s._prev_leaf_ids, s._leaf_ids
     gc_nodes: list[Tensor] = []
     gc_leafs: list[Tensor] = []
     node_ids: list[int] = []
     leaf_ids: list[int] = []
-    nodes = graph.nodes
-    splits = s.splits
+    n_views = 0
     for split in splits:
-        split.nodes = nodes[split.i_start:split.i_end]
         for inp in split.inputs:
             dep = _view_dep(inp)
-            s._ctx_tensors += 1
+            n_views += 1
             gc_nodes.append(dep)
             node_ids.append(get(id(inp), -1))
             gc_nodes.append(copies[(id(inp), split.backend_id)][cur_copy])
@@ -368,7 +460,7 @@ def _build_graph_copy(s: Scheduler, graph: Graph) -> None:
             gc_nodes.append(t)
             node_ids.append(get(id(t), -1))
     if n_copies > 1:
-        for inp in s.graph_inputs:
+        for inp in graph_inputs:
             b = get(id(inp), -1)
             for t in copies[(id(inp), b)]:
                 gc_leafs.append(t)
@@ -381,20 +473,60 @@ def _build_graph_copy(s: Scheduler, graph: Graph) -> None:
     for leaf in graph.leafs:
         gc_leafs.append(leaf)
         leaf_ids.append(get(id(leaf), -1))
-    if s._ctx_tensors * TENSOR_OVERHEAD > s.context_buffer_size:
+    return gc_nodes, node_ids, gc_leafs, leaf_ids, n_views
+
+
+def _over(older: Sequence[int], new: list[int]) -> tuple[int, ...]:
+    """ggml's fixed-size id arrays: this graph's ids, then what an older graph left past them."""
+    n = len(new)
+    return tuple(new) + tuple(older[n:]) if len(older) > n else tuple(new)
+
+
+@dataclass(frozen=True)
+class SchedState:
+    """What ``ggml_backend_sched_split_graph`` reads from the scheduler besides the graph."""
+
+    backends: Sequence[Backend]
+    bufts: Sequence[BufferType]
+    op_offload: bool
+    n_copies: int
+    cur_copy: int
+    context_buffer_size: int
+    inputs_capacities: Sequence[int]
+    splits_capacity: int
+    graph_inputs_capacity: int
+    older_node_ids: Sequence[int] = ()   # the id arrays this split overwrites (two graphs ago)
+    older_leaf_ids: Sequence[int] = ()
+
+
+def ggml_backend_sched_split_graph(graph: Graph, st: SchedState, ids: Ids, causes: Causes,
+                                   copies: Copies) -> Assignment:
+    """Assign every tensor a backend (passes 1-4), cut splits and create input copies (pass 5),
+    and build the graph copy. ``ids``/``causes``/``copies`` are the tables to start from (the
+    user's pins, or what an earlier split left when the scheduler was not reset); they become the
+    Assignment's and must not be written afterwards. Mutates ``graph``: sources point at copies.
+    """
+    backends = st.backends
+    buffer_supported = _buffer_supported_fn(backends, st.bufts, ids)
+    pass1_assign_from_cur(graph, backends, st.op_offload, ids, causes)
+    compute = [t for t in graph.nodes if t.op._value_ not in VIEW_OP_NAMES]
+    pass2_expand(compute, backends, ids, causes)
+    null_in_hash = pass3_upgrade(compute, backends, st.bufts, buffer_supported, ids, causes)
+    pass4_assign_remaining(graph, backends, ids, causes)
+    p5 = pass5_split(graph, backends, st.n_copies, st.cur_copy, buffer_supported, ids, copies,
+                     st.inputs_capacities, st.splits_capacity, st.graph_inputs_capacity)
+    nodes = graph.nodes
+    splits = tuple(Split(sl.backend_id, sl.i_start, sl.i_end, tuple(sl.inputs), sl.inputs_capacity,
+                         tuple(nodes[sl.i_start:sl.i_end])) for sl in p5.slots)
+    gc_nodes, node_ids, gc_leafs, leaf_ids, n_views = build_graph_copy(
+        graph, splits, p5.graph_inputs, ids, copies, st.n_copies, st.cur_copy)
+    n_ctx = p5.n_ctx_tensors + n_views
+    if n_ctx * TENSOR_OVERHEAD > st.context_buffer_size:
         raise SchedulerAbort(
-            f"not enough space in the context's memory pool: {s._ctx_tensors} scheduler tensors need "
-            f"{s._ctx_tensors * TENSOR_OVERHEAD} bytes, the context buffer holds {s.context_buffer_size}"
+            f"not enough space in the context's memory pool: {n_ctx} scheduler tensors need "
+            f"{n_ctx * TENSOR_OVERHEAD} bytes, the context buffer holds {st.context_buffer_size}"
         )
-    s.graph_copy_nodes = gc_nodes
-    s.graph_copy_leafs = gc_leafs
-    # write into the swapped-in arrays so stale tails survive, as with ggml's fixed arrays
-    _overwrite(s._node_ids, node_ids)
-    _overwrite(s._leaf_ids, leaf_ids)
-
-
-def _overwrite(dst: list[int], src: list[int]) -> None:
-    n = len(src)
-    if len(dst) < n:
-        dst.extend([0] * (n - len(dst)))
-    dst[:n] = src
+    return Assignment(
+        graph, ids, causes, copies, splits, tuple(p5.graph_inputs), tuple(gc_nodes), tuple(gc_leafs),
+        _over(st.older_node_ids, node_ids), _over(st.older_leaf_ids, leaf_ids), st.cur_copy, n_ctx, null_in_hash,
+        tuple(p5.capacities), p5.splits_capacity, p5.graph_inputs_capacity, tuple(p5.warnings))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolkit.backend import Backend, Buffer
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE, Graph
@@ -23,9 +23,7 @@ from toolkit.trace.errors import UnsupportedPrimitive
 from toolkit.trace.layout import ggml_type, known_dtypes, ne_of
 from toolkit.trace.nodes import LeafInfo, Step
 from toolkit.trace.placement import PlacementSpec, path_str, place_weights, resolve
-
-if TYPE_CHECKING:
-    from toolkit.trace.schedule import Schedule
+from toolkit.trace.schedule import Schedule
 
 
 @dataclass
@@ -115,6 +113,12 @@ class Traced:
         return t
 
     # ---- graphs ----------------------------------------------------------------------------
+    def param_tree(self) -> Any:
+        """The parameters as the function takes them (the traced values), None without params."""
+        import jax.tree_util as tu  # lazy: jax
+
+        return tu.tree_unflatten(self._p_tree, self.param_values) if self.has_params else None
+
     def build(self) -> TracedGraph:
         """A fresh graph (weights shared): nodes in jaxpr order, dead equations dropped."""
         conv = Converter(self.inline, self.opaque)
@@ -172,8 +176,6 @@ class Traced:
         """Split and allocate a fresh build with the ggml scheduler (reserve, then alloc_graph,
         as llama.cpp does). ``pins`` maps node names to backend indices (set_tensor_backend);
         ``planner="offline"`` sizes the buffers with the offline planner instead of ggml's."""
-        from toolkit.trace.schedule import Schedule
-
         if backends is not None and (self.backends is None or list(backends) != self.backends):
             self.place(backends)
         if self.backends is None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolkit.backend import Backend, Buffer
+from toolkit.errors import ToolkitError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 
 Target = int | Backend | Any  # Any: a JAX device
@@ -50,18 +51,18 @@ def _index(target: Target, backends: Sequence[Backend], path: str) -> int:
         for i, b in enumerate(backends):
             if b.executor == target:
                 return i
-        raise ValueError(f"placement of {path!r}: no backend runs on device {target} "
+        raise ToolkitError(f"placement of {path!r}: no backend runs on device {target} "
                          f"(executors: {[str(b.executor) for b in backends]})")
     if isinstance(target, Backend):
         for i, b in enumerate(backends):
             if b is target:
                 return i
-        raise ValueError(f"placement of {path!r}: backend {target.name!r} is not one of "
+        raise ToolkitError(f"placement of {path!r}: backend {target.name!r} is not one of "
                          f"{[b.name for b in backends]}")
     i = int(target)
     n = len(backends)
     if not -n <= i < n:
-        raise ValueError(f"placement of {path!r}: backend index {i} out of range for {n} backends")
+        raise ToolkitError(f"placement of {path!r}: backend index {i} out of range for {n} backends")
     return i % n
 
 

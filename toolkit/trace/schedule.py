@@ -9,13 +9,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from toolkit.backend import Backend
+from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
 from toolkit.ggml.tensor import is_view_op
+from toolkit.sched import Scheduler
+from toolkit.trace.checks import check_plan
 from toolkit.trace.execute import Executor, RunReport
 from toolkit.trace.nodes import LeafInfo
 
 if TYPE_CHECKING:
     from toolkit.sched.plan import Plan
     from toolkit.trace.api import Traced, TracedGraph
+
+
+def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
+    """The default max_nodes of a traced graph: ``max(GGML_DEFAULT_GRAPH_SIZE, 2 × (n_nodes + n_leafs))``."""
+    return max(GGML_DEFAULT_GRAPH_SIZE, 2 * (n_nodes + n_leafs))
 
 
 def splits_of(node_backend: Sequence[int], views: Sequence[bool]) -> list[tuple[int, int, int]]:
@@ -67,11 +75,9 @@ class Schedule:
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
         """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's
         srcs, so a graph is split once)."""
-        from toolkit.sched import Scheduler
-
         first = traced.build()
-        n = first.graph.n_nodes + first.graph.n_leafs
-        s = Scheduler(list(backends), None, max_nodes or max(1024, 2 * n), parallel, op_offload, planner)
+        s = Scheduler(list(backends), None, max_nodes or auto_max_nodes(first.graph.n_nodes, first.graph.n_leafs),
+                      parallel, op_offload, planner)
         s.reset()
         _pin(s, first, pins)
         ok = s.reserve(first.graph)
@@ -102,8 +108,6 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Plan invariants that do not hold (:func:`toolkit.trace.checks.check_plan`); [] when valid."""
-        from toolkit.trace.checks import check_plan
-
         if self.plan is None:
             return []
         return check_plan(self.plan, self.built.graph, self.backends)

@@ -2,14 +2,14 @@
 
 :class:`TracedContext` holds a :class:`~toolkit.trace.api.Traced` function, its backends and one
 :class:`~toolkit.sched.Scheduler`. ``sched_new`` keeps the scheduler when
-:meth:`SchedParams.can_reuse` says it can serve the new params (the seed's rule, §8), and every
+:meth:`SchedParams.can_reuse` says it can serve the new params (``llama_context::sched_params::can_reuse``), and every
 ``sched_reserve`` / ``update`` appends the same :class:`~toolkit.context.ReserveEvent` a llama
 context records, so the dashboard's badge, timeline, buffer and split figures read it unchanged.
 
 A traced function has one graph (no prompt/generation pair), so an event's pp and tg fields
 carry the same numbers. ``max_nodes`` plays the role it has in llama.cpp: it sizes the graph
 (``ggml_new_graph_custom(ctx, max_nodes)``, so it must exceed the node and leaf counts) and the
-scheduler's hash set (§2.3); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
+scheduler's hash set (``ggml_hash_size(max_nodes)``); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
 :meth:`Traced.schedule` uses.
 
 >>> import jax.numpy as jnp, toolkit
@@ -27,23 +27,21 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from toolkit.backend import Backend
-from toolkit.context import Reason, ReserveEvent, SchedParams, SchedulerOwner
-from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
-from toolkit.sched import hash_size
+from toolkit.errors import AllocationError, ParameterError
+from toolkit.models.devices import make_devices, parse_picker
+from toolkit.reuse import CompileEvent, Reason, ReserveEvent, SchedParams, SchedulerHolder
+from toolkit.sched import Scheduler, hash_size
+from toolkit.trace.schedule import Schedule, auto_max_nodes
 
 if TYPE_CHECKING:
     from toolkit.trace.api import Traced, TracedGraph
-    from toolkit.trace.schedule import Schedule
 
 # what update() accepts (the dashboard's controls that make sense for a traced graph)
 UPDATE_FIELDS = ("max_nodes", "parallel", "op_offload", "devices", "budget_mib", "placement")
 AUTO_MAX_NODES_TEXT = "max(1024, 2·(nodes+leafs))"
-
-
-def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
-    """The default max_nodes of a traced graph (as :meth:`Traced.schedule` sizes its scheduler)."""
-    return max(GGML_DEFAULT_GRAPH_SIZE, 2 * (n_nodes + n_leafs))
 
 
 def min_max_nodes(n_nodes: int, n_leafs: int) -> int:
@@ -66,9 +64,7 @@ def min_max_nodes(n_nodes: int, n_leafs: int) -> int:
 def backends_from_specs(specs: Sequence[str]) -> list[Backend]:
     """Backends for device specs (``toolkit.models.devices``: ``sim``, ``sim:512M``, ``cuda``,
     ``rpc:2``, …), each running on a JAX device (backend k on ``jax.devices()[k % n]``)."""
-    import jax
-
-    from toolkit.models.devices import make_devices
+    import jax  # lazy: the traced context's planning needs no JAX device
 
     backends = make_devices(tuple(specs)).backends
     devs = jax.devices()
@@ -92,13 +88,13 @@ def describe_backends(backends: Sequence[Backend]) -> tuple[str, float | None]:
     return ",".join(b.name for b in backends), None
 
 
-class TracedContext(SchedulerOwner):
-    """A traced function's scheduler side: ``sched_new`` (reuse, §8), ``sched_reserve``, events.
+class TracedContext:
+    """A traced function's scheduler side: ``sched_new`` (reuse), ``sched_reserve``, events.
 
     ``devices`` is a backend list, a picker spec (``"cpu"``, ``"sim:2"``) or device specs
     (``("sim:64M", "sim:64M")``); None keeps the backends the function was placed on (else
-    ``cpu``). Bad input to :meth:`update` raises ValueError naming the value and the limit;
-    the scheduler, its buffers and the placement stay as they were.
+    ``cpu``). Bad input to :meth:`update` raises a :class:`~toolkit.errors.ToolkitError` naming
+    the value and the limit; the scheduler, its buffers and the placement stay as they were.
     """
 
     auto_max_nodes_text = AUTO_MAX_NODES_TEXT
@@ -108,7 +104,7 @@ class TracedContext(SchedulerOwner):
                  planner: str = "ggml", args: Sequence[Any] | None = None, params: Any = None) -> None:
         self.traced = traced
         self.pins = dict(pins or {})
-        self.args = tuple(args) if args is not None else tuple(getattr(traced, "example_args", ()))
+        self.args = tuple(args) if args is not None else tuple(traced.example_args)
         self.params = params
         g = traced.graph
         self.n_nodes, self.n_leafs = g.n_nodes, g.n_leafs
@@ -120,14 +116,47 @@ class TracedContext(SchedulerOwner):
         backends = traced.backends if devices is None else self._backends(devices)
         assert backends is not None
         traced.place(backends, placement)
-        self._init_owner(planner)
+        self.holder = SchedulerHolder(lambda: self.backends, planner)
         self._schedule: tuple[int, Schedule] | None = None
         self.sched_reserve(trigger=f"traced {self.name}")
+
+    # ---- the reuse layer's state ---------------------------------------------------------------
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.holder.sched
+
+    @property
+    def sched_params_cur(self) -> SchedParams | None:
+        return self.holder.params_cur
+
+    @property
+    def sched_params_req(self) -> SchedParams | None:
+        return self.holder.params_req
+
+    @property
+    def events(self) -> list[ReserveEvent]:
+        return self.holder.events
+
+    @property
+    def compile_events(self) -> list[CompileEvent]:
+        return self.holder.compile_events
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.holder.warnings
+
+    @property
+    def planner(self) -> str:
+        return self.holder.planner
+
+    def compute_buffers_bytes(self) -> dict[str, int]:
+        """``ggml_backend_sched_get_buffer_size`` per backend by buft name."""
+        return self.holder.compute_buffers_bytes()
 
     # ---- what the dashboard reads --------------------------------------------------------------
     @property
     def name(self) -> str:
-        return str(getattr(self.traced.fn, "__name__", "function"))
+        return str(getattr(self.traced.fn, "__name__", "function"))  # a partial or callable object has none
 
     @property
     def backends(self) -> list[Backend]:
@@ -153,7 +182,7 @@ class TracedContext(SchedulerOwner):
         return self.max_nodes_override or auto_max_nodes(self.n_nodes, self.n_leafs)
 
     def build(self) -> TracedGraph:
-        """A fresh build (the scheduler rewrites a graph's srcs when it splits it, §3), pins applied."""
+        """A fresh build (``ggml_backend_sched_split_graph`` rewrites a graph's srcs), pins applied."""
         tg = self.traced.build()
         self.scheduler.reset()
         for name, b in self.pins.items():
@@ -164,45 +193,47 @@ class TracedContext(SchedulerOwner):
         if max_nodes is None:
             return None
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes <= 0:
-            raise ValueError(f"max_nodes={max_nodes!r} must be a positive integer")
+            raise ParameterError("max_nodes", max_nodes, "a positive integer (or None for auto)")
         if max_nodes <= max(self.n_nodes, self.n_leafs):
             # the graph holds max_nodes tensors of each kind (ggml asserts n_nodes < size)
-            raise ValueError(f"max_nodes={max_nodes} is too small for the traced graph: it has {self.n_nodes} nodes "
-                             f"and {self.n_leafs} leafs (max_nodes must be > {max(self.n_nodes, self.n_leafs)})")
+            raise ParameterError("max_nodes", max_nodes, f"max_nodes > {max(self.n_nodes, self.n_leafs)}",
+                                 f"too small for the traced graph: it has {self.n_nodes} nodes "
+                                 f"and {self.n_leafs} leafs")
         return max_nodes
 
     def _precheck(self, params: SchedParams) -> None:
         """Refuse a max_nodes whose hash set cannot hold the graph before touching the scheduler."""
-        h = self.hash_capacity_for(params)
+        h = self.holder.hash_capacity_for(params)
         n = self.n_nodes + self.n_leafs
         if n > h:
-            raise ValueError(
-                f"max_nodes={params.max_nodes} is too small for the traced graph: n_nodes + n_leafs = "
-                f"{self.n_nodes} + {self.n_leafs} = {n} exceeds the scheduler's hash capacity {h} "
-                f"(max_nodes must be >= {min_max_nodes(self.n_nodes, self.n_leafs)})")
+            raise ParameterError(
+                "max_nodes", params.max_nodes, f"max_nodes >= {min_max_nodes(self.n_nodes, self.n_leafs)}",
+                f"too small for the traced graph: n_nodes + n_leafs = {self.n_nodes} + {self.n_leafs} = {n} "
+                f"exceeds the scheduler's hash capacity {h}")
 
     # ---- sched_reserve -------------------------------------------------------------------------
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
         """sched_new, then reserve the traced graph; without room for pipeline parallelism, retry
-        without it (llama.cpp's fallback, §7.5)."""
+        without it (as ``llama_context::sched_reserve`` does)."""
         params = SchedParams(self.max_nodes(), self.parallel, self.op_offload)
         self._precheck(params)
-        r = self._begin_reserve(params, extra_reasons)
+        h = self.holder
+        r = h.begin_reserve(params, extra_reasons)
         tg = self.build()
         ok = self.scheduler.reserve(tg.graph)
         if not ok and self.parallel:
             self.parallel = False
-            self._fall_back(r)
+            h.fall_back(r)
             tg = self.build()
             ok = self.scheduler.reserve(tg.graph)
         if not ok:
-            raise ValueError(f"failed to allocate compute buffers: {self._alloc_failure()}")
+            raise AllocationError(f"failed to allocate compute buffers: {h.alloc_failure()}")
         t_end = time.perf_counter()
         s = self.scheduler
         # one graph: the pp and tg fields carry the same numbers
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "reserve": (t_end - r.t_new) * 1e3,
                    "total": (t_end - r.t0) * 1e3}
-        return self._record(
+        return h.record(
             r, trigger, s.graph_needed_sizes(), timings, model_bytes=self.weight_bytes(),
             n_nodes_pp=tg.graph.n_nodes, n_nodes_tg=tg.graph.n_nodes, n_splits_pp=s.n_splits, n_splits_tg=s.n_splits,
             pipeline_parallel=self.parallel)
@@ -213,71 +244,68 @@ class TracedContext(SchedulerOwner):
         ``budget_mib`` for a picker spec) or ``placement``, then sched_reserve.
 
         New devices mean new backends: no scheduler can be reused (reason ``devices``). On bad
-        input (ValueError naming the value and the limit) everything stays as it was and an
+        input (a ToolkitError naming the value and the limit) everything stays as it was and an
         ``error`` event records the attempt.
         """
-        unknown = sorted(set(changes) - set(UPDATE_FIELDS))
-        tr = self.traced
-        saved = (self.max_nodes_override, self.parallel, self.op_offload, self.scheduler, self.sched_params_cur,
-                 self.sched_params_req, tr.placement, tr.backends)
-        old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
         trigger = "; ".join(f"{k} {self._current(k)} -> {_show(v)}" for k, v in changes.items()) or "sched_reserve"
-        try:
-            if unknown:
-                raise ValueError(f"cannot change {', '.join(unknown)} of a traced graph: "
-                                 f"accepted are {', '.join(UPDATE_FIELDS)}")
-            if "max_nodes" in changes:
-                self.max_nodes_override = self._check_max_nodes(changes["max_nodes"])
-            if "parallel" in changes:
-                self.parallel = _check_flag("parallel", changes["parallel"])
-            if "op_offload" in changes:
-                self.op_offload = _check_flag("op_offload", changes["op_offload"])
-            reasons: list[Reason] = []
-            backends = self.backends
-            if "devices" in changes or "budget_mib" in changes:
-                spec = changes.get("devices", self.devices[0])
-                backends = self._backends(spec, changes.get("budget_mib"))
-            if backends is not self.backends or "placement" in changes:
-                if "placement" in changes:
-                    tr.placement = changes["placement"]
-                tr.place(backends)  # resolves the placement: an index out of range raises here
-            if backends is not saved[7]:
-                reasons.append(Reason("devices", _devices_label(saved[7] or ()), _devices_label(backends)))
-                if self.scheduler is not None:
-                    self.scheduler.free()
-                self.scheduler = None  # other backends: no scheduler can be reused
-            return self.sched_reserve(trigger, reasons)
-        except Exception as e:
-            failed = self.scheduler
-            (self.max_nodes_override, self.parallel, self.op_offload, self.scheduler, self.sched_params_cur,
-             self.sched_params_req, placement, backends_before) = saved
-            if backends_before is not None and (tr.backends is not backends_before or tr.placement is not placement):
-                tr.placement = placement
-                tr.place(backends_before)
-            if failed is not None and failed is not self.scheduler:
-                failed.free()
-            if self.scheduler is not None and old_sizes is not None and self.scheduler.buffer_sizes() != old_sizes:
-                # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch
-                self.scheduler.free()
-                self.scheduler.reserve(self.build().graph)
-            self._record_error(trigger, e)
-            if isinstance(e, ValueError):
-                raise
-            raise ValueError(str(e)) from e
+        return self.holder.update(self, trigger, lambda: self._apply(changes, trigger))
+
+    def _apply(self, changes: dict[str, Any], trigger: str) -> ReserveEvent:
+        unknown = sorted(set(changes) - set(UPDATE_FIELDS))
+        if unknown:
+            raise ParameterError(", ".join(unknown), changes[unknown[0]], f"one of {', '.join(UPDATE_FIELDS)}",
+                                 "cannot change this of a traced graph")
+        tr = self.traced
+        before = tr.backends
+        if "max_nodes" in changes:
+            self.max_nodes_override = self._check_max_nodes(changes["max_nodes"])
+        if "parallel" in changes:
+            self.parallel = _check_flag("parallel", changes["parallel"])
+        if "op_offload" in changes:
+            self.op_offload = _check_flag("op_offload", changes["op_offload"])
+        reasons: list[Reason] = []
+        backends = self.backends
+        if "devices" in changes or "budget_mib" in changes:
+            spec = changes.get("devices", self.devices[0])
+            backends = self._backends(spec, changes.get("budget_mib"))
+        if backends is not self.backends or "placement" in changes:
+            if "placement" in changes:
+                tr.placement = changes["placement"]
+            tr.place(backends)  # resolves the placement: an index out of range raises here
+        if backends is not before:
+            reasons.append(Reason("devices", _devices_label(before or ()), _devices_label(backends)))
+            self.holder.drop()  # other backends: no scheduler can be reused
+        return self.sched_reserve(trigger, reasons)
+
+    # ---- what SchedulerHolder.update saves and restores ----------------------------------------
+    def save_state(self) -> object:
+        tr = self.traced
+        return (self.max_nodes_override, self.parallel, self.op_offload, tr.placement, tr.backends)
+
+    def restore_state(self, state: object) -> None:
+        tr = self.traced
+        assert isinstance(state, tuple)
+        self.max_nodes_override, self.parallel, self.op_offload = state[0], state[1], state[2]
+        placement: Any = state[3]
+        backends: list[Backend] | None = state[4]
+        if backends is not None and (tr.backends is not backends or tr.placement is not placement):
+            tr.placement = placement
+            tr.place(backends)
+
+    def replan(self) -> None:
+        self.scheduler.reserve(self.build().graph)
 
     def _backends(self, devices: Any, budget_mib: float | None = None) -> list[Backend]:
         if isinstance(devices, str):
-            from toolkit.ui.choices import parse_devices  # a light module: no plotly / ipywidgets
-
-            return backends_from_specs(parse_devices(devices, budget_mib).cparams_devices())
+            return backends_from_specs(parse_picker(devices, budget_mib).cparams_devices())
         items = list(devices)
         if items and all(isinstance(b, Backend) for b in items):
             if not items[-1].is_cpu:
-                raise ValueError(f"the last backend must be the CPU, got {items[-1].name}")
+                raise ParameterError("devices", items[-1].name, "a backend list that ends with the CPU")
             return items
         if all(isinstance(s, str) for s in items):
             return backends_from_specs(items)
-        raise ValueError(f"devices {devices!r} is neither a picker spec, device specs nor a list of backends")
+        raise ParameterError("devices", devices, "a picker spec, device specs or a list of backends")
 
     def _current(self, key: str) -> Any:
         if key == "max_nodes":
@@ -293,8 +321,6 @@ class TracedContext(SchedulerOwner):
     # ---- running it ----------------------------------------------------------------------------
     def schedule(self) -> Schedule:
         """The traced graph allocated by the current scheduler (alloc_graph on a fresh build), ready to run."""
-        from toolkit.trace.schedule import Schedule
-
         key = len(self.events)
         if self._schedule is not None and self._schedule[0] == key and self._schedule[1].scheduler is self.scheduler:
             return self._schedule[1]
@@ -313,20 +339,16 @@ class TracedContext(SchedulerOwner):
         """The parameters as the function takes them (the traced values unless ``params`` was given)."""
         if self.params is not None:
             return self.params
-        import jax
-
-        tr = self.traced
-        return jax.tree_util.tree_unflatten(tr._p_tree, tr.param_values) if tr.has_params else None
+        return self.traced.param_tree()
 
     def run(self, *args: Any, params: Any = None, mode: str = "eager") -> dict[str, Any]:
         """Run split by split on the backends' devices and compare with ``jax.jit(f)``: outputs,
         max |difference|, splits run, copies between devices and wall time."""
-        import jax
-        import numpy as np
+        import jax  # lazy: running needs JAX, planning does not
 
         args = args or self.args
         if not args and self.traced.arg_paths:
-            raise ValueError(f"run() needs the {len(self.traced.arg_paths)} argument(s) of {self.name}")
+            raise ParameterError("args", args, f"the {len(self.traced.arg_paths)} argument(s) of {self.name}")
         p = params if params is not None else self.param_tree()
         sch = self.schedule()
         t0 = time.perf_counter()
@@ -354,7 +376,7 @@ class TracedContext(SchedulerOwner):
 
 def _check_flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be True or False")
+        raise ParameterError(name, value, "True or False")
     return value
 
 

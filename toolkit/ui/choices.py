@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from toolkit.context import Context
+from toolkit.models import presets
+from toolkit.models.cparams import ContextParams
+from toolkit.models.devices import DeviceSpec, describe_picker, parse_picker
 
 # label shown in the picker -> name in toolkit.models.presets
 MODEL_PRESETS: dict[str, str] = {
@@ -26,65 +30,13 @@ MODEL_PRESETS: dict[str, str] = {
 _ALIASES: dict[str, str] = {**{k: v for k, v in MODEL_PRESETS.items()}, **{v: v for v in MODEL_PRESETS.values()},
                             "8b": "llama3_8b", "70b": "llama3_70b"}
 
-_DEVICE_SPEC = re.compile(r"^\s*(cpu|rpc|sim|cuda)\s*(?::\s*(\d+))?\s*$", re.IGNORECASE)
-MAX_DEVICES = 16
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    kind: str            # "cpu", "rpc", "sim" or "cuda"
-    count: int           # non-CPU devices (0 for cpu)
-    budget_mib: float | None = None
-
-    def __str__(self) -> str:
-        base = "cpu" if self.kind == "cpu" else f"{self.kind}:{self.count}"
-        return base + (f" ({self.budget_mib:g} MiB each)" if self.budget_mib else "")
-
-    def cparams_devices(self) -> tuple[str, ...]:
-        """``ContextParams.devices``: ``("sim:512M", "sim:512M")``, ``("rpc:2",)``, ``()`` for cpu."""
-        if self.kind == "cpu":
-            return ()
-        if self.kind == "rpc":
-            return (f"rpc:{self.count}",)
-        budget = f":{int(self.budget_mib * 1024 * 1024)}" if self.budget_mib else ""
-        return tuple(f"{self.kind}{budget}" for _ in range(self.count))
-
-
-def parse_devices(spec: str, budget_mib: float | None = None) -> DeviceSpec:
-    """``"sim:2"`` -> DeviceSpec("sim", 2); errors name the bad value and what is accepted."""
-    m = _DEVICE_SPEC.match(spec or "")
-    if m is None:
-        raise ValueError(f"devices {spec!r} not understood: expected cpu, rpc:N, sim:N or cuda:N")
-    kind = m.group(1).lower()
-    count = 0 if kind == "cpu" else int(m.group(2) or 1)
-    if kind != "cpu" and not 1 <= count <= MAX_DEVICES:
-        raise ValueError(f"devices {spec!r}: N={count} must be in 1..{MAX_DEVICES}")
-    if budget_mib is not None and budget_mib < 0:
-        raise ValueError(f"memory budget {budget_mib} MiB must be >= 0 (0 = unlimited)")
-    if budget_mib and kind in ("cpu", "rpc"):
-        raise ValueError(f"a memory budget ({budget_mib:g} MiB) applies to sim:N or cuda:N devices, not {spec!r}")
-    return DeviceSpec(kind, count, budget_mib or None)
-
-
-def describe_devices(devices: tuple[str, ...]) -> tuple[str, float | None]:
-    """The picker's (spec, budget MiB) for a context's ``cparams.devices`` (inverse of cparams_devices)."""
-    if not devices:
-        return "cpu", None
-    if len(devices) == 1 and re.fullmatch(r"rpc:\d+", devices[0]):
-        return devices[0], None
-    kinds = {d.partition(":")[0] for d in devices}
-    args = {d.partition(":")[2] for d in devices}
-    if len(kinds) == 1 and len(args) == 1 and kinds <= {"sim", "cuda"}:
-        arg = args.pop()
-        if arg == "" or arg.isdigit():
-            return f"{kinds.pop()}:{len(devices)}", (int(arg) / (1024 * 1024) if arg else None)
-    return ",".join(devices), None
+# the picker grammar lives with the devices (toolkit.models.devices); the dashboard's names for it
+parse_devices = parse_picker
+describe_devices = describe_picker
 
 
 def preset_of(hparams: Any) -> str | None:
     """The preset name whose shape ``hparams`` has (n_layer, n_embd, n_ff, n_vocab), if any."""
-    from toolkit.models import presets
-
     key = ("n_layer", "n_embd", "n_ff", "n_vocab")
     for name in MODEL_PRESETS.values():
         p = presets.get(name)
@@ -108,26 +60,21 @@ def resolve_model(model: str) -> Any:
     name = _ALIASES.get(model) or _ALIASES.get(model.lower())
     if name is None:
         raise ValueError(f"model {model!r} unknown: expected one of {', '.join(MODEL_PRESETS)} or a .gguf path")
-    from toolkit.models import presets
-
     return presets.get(name)
 
 
 def make_context(model: str = "tiny", devices: str = "cpu", budget_mib: float | None = None,
                  planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
-                 **cparams: Any) -> Any:
+                 **cparams: Any) -> Context:
     """A planning-only Context for a preset / GGUF model on the given devices (first reserve included).
 
     ``max_nodes``/``parallel`` override graph_max_nodes and the pipeline-parallel rule (None: llama.cpp's).
     """
-    from toolkit.context import Context
-    from toolkit.models.cparams import ContextParams
-
     hp = resolve_model(model)
     devs = parse_devices(devices, budget_mib).cparams_devices()
     ctx = Context(hp, ContextParams(devices=devs, **cparams), planner=planner, max_nodes=max_nodes,
                   parallel=parallel)
-    if not getattr(ctx, "events", None):
+    if not ctx.events:
         ctx.sched_reserve(trigger=f"model {model} on {devices}")
     return ctx
 
@@ -159,3 +106,7 @@ def describe_placement(spec: Any) -> str:
     if isinstance(spec, dict) and all(isinstance(k, str) and isinstance(i, int) for k, i in spec.items()):
         return ", ".join(f"{k}:{i}" for k, i in spec.items())
     return "custom"
+
+
+__all__ = ["MODEL_PRESETS", "DeviceSpec", "describe_devices", "describe_placement", "make_context", "parse_devices",
+           "parse_placement", "preset_label", "preset_of", "resolve_model"]

@@ -2,7 +2,7 @@
 
 >>> import toolkit
 >>> dash = toolkit.dashboard(model="tiny")       # doctest: +SKIP
->>> dash.controls["max_nodes"].value = "512"     # doctest: +SKIP  (same as typing in the page)
+>>> dash.controls["max_nodes"].value = "512"     # as typed  # doctest: +SKIP
 >>> dash.ctx.events[-1].decision                 # doctest: +SKIP
 'reused'
 
@@ -18,16 +18,20 @@ import asyncio
 import html
 import time
 from collections.abc import Callable
-from copy import deepcopy
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
+import ipywidgets.widgets.widget as ipywidgets_widget
 import plotly.graph_objects as go
 
 from toolkit.compare import EventDiff, compare, default_pair
+from toolkit.context import LlamaContextView
+from toolkit.reuse import ContextView
 from toolkit.sched.explain import NodeExplanation
+from toolkit.trace.api import Traced
+from toolkit.trace.session import TracedContext
 from toolkit.ui import figures
 from toolkit.ui.choices import (
     MODEL_PRESETS,
@@ -86,16 +90,10 @@ def parse_max_nodes(value: str) -> int | None:
     return n
 
 
-def _is_traced(ctx: Any) -> bool:
-    """A :class:`toolkit.trace.session.TracedContext` (duck-typed: toolkit.trace stays unimported)."""
-    return getattr(ctx, "traced", None) is not None
-
-
-def _as_context(ctx: Any, devices: str | None = None, budget_mib: float | None = None) -> Any:
+def _as_context(ctx: ContextView | Traced, devices: str | None = None,
+                budget_mib: float | None = None) -> ContextView:
     """A Traced function becomes a TracedContext on ``devices`` (its own backends when None)."""
-    if hasattr(ctx, "closed_jaxpr") and not _is_traced(ctx):
-        from toolkit.trace.session import TracedContext
-
+    if isinstance(ctx, Traced):
         spec: Any = None
         if devices is not None:
             spec = parse_devices(devices, budget_mib).cparams_devices()
@@ -113,13 +111,13 @@ class Dashboard:
     0 (or outside a running event loop, as in tests) every change reserves at once.
     """
 
-    def __init__(self, ctx: Any, *, model: str | None = None, devices: str | None = None,
+    def __init__(self, ctx: ContextView | Traced, *, model: str | None = None, devices: str | None = None,
                  budget_mib: float | None = None,
                  debounce_s: float = 0.15, collapse: Collapse = "layer", fig_width: int = 960,
                  context_factory: Callable[..., Any] = make_context) -> None:
         ctx = _as_context(ctx, devices, budget_mib)
-        self.ctx = ctx
-        self.traced = _is_traced(ctx)
+        self.ctx: ContextView = ctx
+        self.traced = isinstance(ctx, TracedContext)
         self.fig_width = fig_width
         self.debounce_s = debounce_s
         self.error: str | None = None
@@ -134,15 +132,17 @@ class Dashboard:
         self._plan: Any = None
         self._plan_drawn: tuple[Any, ...] | None = None
         self.diff: EventDiff | None = None
-        if self.traced:
+        if isinstance(ctx, TracedContext):
             devices, budget_mib = ctx.devices   # what the traced function's backends are
             model = model or ctx.name
-        if devices is None:         # show what the context runs on
-            devices, budget_mib = describe_devices(tuple(getattr(ctx.cparams, "devices", ()) or ()))
-        if model is None:
-            model = preset_of(ctx.hparams) or str(getattr(ctx.hparams, "name", "model"))
+        else:
+            assert isinstance(ctx, LlamaContextView)
+            if devices is None:         # show what the context runs on
+                devices, budget_mib = describe_devices(tuple(ctx.cparams.devices))
+            if model is None:
+                model = preset_of(ctx.hparams) or ctx.hparams.name
         self._model, self._devices, self._budget = model, devices, budget_mib
-        if self.traced and collapse == "layer":
+        if isinstance(ctx, TracedContext) and collapse == "layer":
             # a traced graph has no llama layers to group by: node by node when small, else by split
             collapse = "none" if ctx.n_nodes <= 64 else "split"
         self._build(collapse)
@@ -150,14 +150,13 @@ class Dashboard:
 
     # ---------------------------------------------------------------- widgets
     def _build(self, collapse: Collapse) -> None:
-        cp = getattr(self.ctx, "cparams", None)
+        llama = self.ctx if isinstance(self.ctx, LlamaContextView) else None
+        cp = llama.cparams if llama is not None else None
         style = {"description_width": "initial"}
-        n_layer = int(getattr(getattr(self.ctx, "hparams", None), "n_layer", 32))
-        # what the live scheduler was reserved with (the newest successful event): llama.cpp's
-        # pipeline-parallel rule is decided by the context, not stored in its ContextParams
-        live = next((e.params for e in reversed(self.ctx.events) if e.decision != "error"), None)
-        parallel = live.parallel if live is not None else False
-        op_offload = live.op_offload if live is not None else getattr(cp, "op_offload", True)
+        n_layer = llama.hparams.n_layer if llama is not None else 32
+        req = self.ctx.sched_params_req
+        parallel = req.parallel if req is not None else False
+        op_offload = req.op_offload if req is not None else True
         c: dict[str, W.Widget] = {
             "model": W.Dropdown(options=list(MODEL_PRESETS), description="model", style=style,
                                 value=preset_label(self._model)),
@@ -168,10 +167,10 @@ class Dashboard:
             "budget_mib": W.BoundedFloatText(value=self._budget or 0, min=0, max=1 << 30, step=64,
                                              description="budget MiB (0 = none)", style=style,
                                              layout=W.Layout(width="220px")),
-            "max_nodes": W.Text(value=str(getattr(self.ctx, "max_nodes_override", None) or "auto"),
+            "max_nodes": W.Text(value=str(self.ctx.max_nodes_override or "auto"),
                                 description="max_nodes", continuous_update=False, style=style,
                                 placeholder="auto or a number", layout=W.Layout(width="200px"),
-                                tooltip="auto = llama.cpp's llama_context::graph_max_nodes: max(1024, 8 × n_tensors)"),
+                                tooltip=f"auto = {self.ctx.auto_max_nodes_text}"),
             "parallel": W.Checkbox(value=bool(parallel), description="pipeline parallelism", indent=False),
             "op_offload": W.Checkbox(value=bool(op_offload), description="op offload", indent=False),
             "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
@@ -186,10 +185,9 @@ class Dashboard:
             "n_gpu_layers": W.IntSlider(value=min(int(getattr(cp, "n_gpu_layers", n_layer + 1)), n_layer + 1),
                                         min=0, max=n_layer + 1, description="n_gpu_layers", style=style),
         }
-        if self.traced:
+        if isinstance(self.ctx, TracedContext):
             for k in LLAMA_ONLY_CONTROLS:
                 del c[k]
-            c["max_nodes"].tooltip = f"auto = {self.ctx.auto_max_nodes_text}"
             c["placement"] = W.Text(value=describe_placement(self.ctx.traced.placement), description="placement",
                                     placeholder="0 | -1 | fc1.*:0, fc2.*:1", continuous_update=False, style=style,
                                     layout=W.Layout(width="320px"),
@@ -233,7 +231,7 @@ class Dashboard:
         self.compare_toggle.observe(self._on_compare_toggle, names=["value"])
         self.compare_a.observe(self._on_compare_pick, names=["value"])
         self.compare_b.observe(self._on_compare_pick, names=["value"])
-        if self.traced:
+        if isinstance(self.ctx, TracedContext):
             self.run_button.description = "run vs jax.jit"
             self.runtime.value = f"{html.escape(self.ctx.name)}: not run yet"
         rows = [("model", "gguf", "devices", "budget_mib", "placement"),
@@ -348,17 +346,18 @@ class Dashboard:
         model = c["gguf"].value.strip() or MODEL_PRESETS.get(c["model"].value or "", self._model)
         devices, budget = c["devices"].value, float(c["budget_mib"].value) or None
         cparams = {UPDATE_KEYS[k]: self._convert(k, c[k].value) for k in CPARAM_CONTROLS}
-        n_layer_old = int(getattr(self.ctx.hparams, "n_layer", 32))
+        assert isinstance(self.ctx, LlamaContextView)
+        n_layer_old = self.ctx.hparams.n_layer
         if c["n_gpu_layers"].value >= n_layer_old + 1:
             cparams.pop("n_gpu_layers")      # "all layers" stays all layers on another model
         # a new model starts from llama.cpp's pipeline-parallel rule; a typed max_nodes carries over
         ctx = self._factory(model, devices, budget, max_nodes=parse_max_nodes(c["max_nodes"].value), **cparams)
         self.ctx, self._model, self._devices, self._budget = ctx, model, devices, budget
-        n_layer = int(getattr(ctx.hparams, "n_layer", 32))
+        n_layer = ctx.hparams.n_layer
         self._syncing = True
         try:
             c["n_gpu_layers"].max = n_layer + 1
-            c["n_gpu_layers"].value = min(int(getattr(ctx.cparams, "n_gpu_layers", n_layer + 1)), n_layer + 1)
+            c["n_gpu_layers"].value = min(ctx.cparams.n_gpu_layers, n_layer + 1)
         finally:
             self._syncing = False
 
@@ -367,12 +366,12 @@ class Dashboard:
         """Badge, scheduler line and figures from the context's newest event."""
         events = list(self.ctx.events)
         ev = events[-1] if events else None
-        held = getattr(getattr(self.ctx, "scheduler", None), "max_nodes", None)
+        held = self.ctx.scheduler.max_nodes
         self.badge.value = badge_html(ev, error=self.error, held_max_nodes=held)
         self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
                              f"{html.escape(self.error)}</pre>" if self.error else "")
         if ev is not None and self.error is None:
-            auto = getattr(self.ctx, "auto_max_nodes_text", "max(1024, 8·n_tensors)")
+            auto = self.ctx.auto_max_nodes_text
             how = f"auto: {auto}" if self.controls["max_nodes"].value == "auto" else "typed"
             self.sched_info.value = (f"<span class='toolkit-max-nodes' data-value='{ev.params.max_nodes}' "
                                      f"data-held='{held}'>max_nodes {ev.params.max_nodes} ({how}) · scheduler "
@@ -400,7 +399,7 @@ class Dashboard:
         plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
         collapse: Collapse = self.collapse.value
         w = self.fig_width
-        _replace(self.figures["timeline"], figures.timeline(events), w)
+        _replace(self.figures["timeline"], figures.timeline(events, self.ctx.compile_events), w)
         _replace(self.figures["buffers"], figures.buffer_sizes(events), w)
         self._plan = plan
         # the same placements and allocations draw the same split map and layout (a reuse that only
@@ -522,32 +521,21 @@ class Dashboard:
     # ---------------------------------------------------------------- runtime
     def _runtime_action(self, what: str) -> None:
         """compile: every split of the current scheduler for its device; run: decode the tokens."""
-        if self.traced:
-            self._run_traced()
+        if isinstance(self.ctx, TracedContext):
+            self._run_traced(self.ctx)
             return
-        try:
-            import importlib
-
-            jaxrt = importlib.import_module("toolkit.jaxrt")   # imports jax: only on click
-        except Exception as e:
-            self.runtime.value = f"JAX runtime unavailable: {html.escape(f'{type(e).__name__}: {e}')}"
-            return
+        ctx = self.ctx
+        assert isinstance(ctx, LlamaContextView)
         try:
             t0 = time.perf_counter()
             if what == "compile":
-                # Context.compile also records the report on the newest event (timeline hover)
-                if callable(getattr(self.ctx, "compile", None)):
-                    info = self.ctx.compile()
-                elif callable(getattr(jaxrt, "compile_splits", None)):
-                    info = jaxrt.compile_splits(self.ctx)
-                else:
-                    self.runtime.value = "compile unavailable: toolkit.jaxrt has no compile_splits()"
-                    return
+                # Context.compile records a CompileEvent (the timeline's hover shows it); jax loads here
+                info = ctx.compile()
                 out = (f"{info.get('compiled', '?')} split(s) compiled, {info.get('cache_hits', '?')} cache hit(s), "
                        f"XLA {info.get('compile_ms', 0.0):.1f} ms")
             else:
                 tokens = [int(t) for t in self.tokens.value.replace(",", " ").split()]
-                out = _summary(jaxrt.decode(self.ctx, tokens))
+                out = _summary(ctx.decode(tokens))
             ms = (time.perf_counter() - t0) * 1000
             self.runtime.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
         except Exception as e:
@@ -556,16 +544,16 @@ class Dashboard:
         self.refresh()
         self._draw(force=True)
 
-    def _run_traced(self) -> None:
+    def _run_traced(self, ctx: TracedContext) -> None:
         """Execute the traced function split by split with the current scheduler; compare with jax.jit."""
         try:
-            r = self.ctx.run()
+            r = ctx.run()
             self.last_run = r
             copies = f"{r['copies']} cop{'y' if r['copies'] == 1 else 'ies'}"
             out = (f"{r['ran_splits']} split(s) on {', '.join(r['devices'])}, {copies} between devices, "
                    f"{r['run_ms']:.1f} ms; max |diff| vs jax.jit = {r['max_abs_diff']:.3g}")
             self.runtime.value = (f"<span class='toolkit-run-result' data-max-abs-diff='{r['max_abs_diff']}'>"
-                                  f"run {html.escape(self.ctx.name)}: {html.escape(out)}</span>")
+                                  f"run {html.escape(ctx.name)}: {html.escape(out)}</span>")
         except Exception as e:
             msg = html.escape(f"{type(e).__name__}: {e}")
             self.runtime.value = f"<span style='color:#D55E00'>run failed: {msg}</span>"
@@ -637,14 +625,17 @@ def _keep_state_current(fw: go.FigureWidget) -> None:
 
     plotly sends edits as one-off messages and leaves that state at the first draw, so a page
     reload (which asks the kernel for the state) or a saved notebook would show an old figure.
-    The property lock stops the state from being sent a second time: the views have it already.
+    ``Widget.set_state`` stores a state as if the views had sent it, so it is not sent back to
+    them (they have it already); its echo to the views is switched off for the call.
     """
-    data, layout = deepcopy(fw._data), deepcopy(fw._layout)
-    lock = {"_widget_data": fw.trait_metadata("_widget_data", "to_json", fw._trait_to_json)(data, fw),
-            "_widget_layout": fw.trait_metadata("_widget_layout", "to_json", fw._trait_to_json)(layout, fw)}
-    with fw._lock_property(**lock):
-        fw._widget_data = data
-        fw._widget_layout = layout
+    values = {"_widget_data": [t.to_plotly_json() for t in fw.data], "_widget_layout": fw.layout.to_plotly_json()}
+    state = {name: fw.trait_metadata(name, "to_json")(value, fw) for name, value in values.items()}
+    echo = ipywidgets_widget.JUPYTER_WIDGETS_ECHO
+    ipywidgets_widget.JUPYTER_WIDGETS_ECHO = False
+    try:
+        fw.set_state(state)
+    finally:
+        ipywidgets_widget.JUPYTER_WIDGETS_ECHO = echo
 
 
 def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: float | None = None, *,

@@ -15,7 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from toolkit.context import ReserveEvent
+from toolkit.reuse import CompileEvent, ReserveEvent
 from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import Plan
 from toolkit.ui import text
@@ -78,22 +78,21 @@ def badge(ev: ReserveEvent | None, error: str | None = None) -> go.Figure:
     return fig
 
 
-def _event_hover(ev: ReserveEvent) -> str:
+def _event_hover(ev: ReserveEvent, compiles: Sequence[CompileEvent] = ()) -> str:
     rows = [f"<b>#{ev.index} {ev.decision.upper()}</b>", f"trigger: {ev.trigger or '-'}",
             f"params: {text.params_text(ev.params)}", f"was: {text.params_text(ev.previous)}",
             f"why: {text.reasons_text(ev) or '-'}", f"timings: {text.timings_text(ev)}",
             f"host metadata: +{size_label(ev.host_metadata_bytes)}, saved {size_label(ev.saved_host_metadata_bytes)}",
             f"nodes pp/tg: {ev.n_nodes_pp}/{ev.n_nodes_tg}, splits pp/tg: {ev.n_splits_pp}/{ev.n_splits_tg}"]
-    if ev.compile:
-        c = ev.compile
-        rows.append(f"XLA compile: {c.get('compiled', '?')} compiled, {c.get('cache_hits', '?')} cache hits, "
-                    f"{c.get('compile_ms', '?')} ms")
+    for c in compiles:
+        if c.reserve_index == ev.index:
+            rows.append(f"XLA compile: {c.compiled} compiled, {c.cache_hits} cache hits, {c.compile_ms} ms")
     if ev.error:
         rows.append(f"error: {ev.error}")
     return "<br>".join(rows)
 
 
-def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
+def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = ()) -> go.Figure:
     """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details."""
     layout = base_layout("reserve events", height=260)
     traces: list[dict[str, Any]] = []
@@ -107,7 +106,7 @@ def timeline(events: Sequence[ReserveEvent]) -> go.Figure:
             "textfont": {"size": 9, "color": NEUTRAL_TEXT},
             "marker": {"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
                        "line": {"width": 1, "color": NEUTRAL_TEXT}},
-            "hovertext": [_event_hover(e) for e in evs], "hoverinfo": "text", "showlegend": True,
+            "hovertext": [_event_hover(e, compiles) for e in evs], "hoverinfo": "text", "showlegend": True,
             "cliponaxis": False})                  # the word over the highest marker stays whole
     if events:
         # a thin line in event order so the sequence reads left to right

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from toolkit.compare import compare, default_pair
-from toolkit.context import ReserveEvent
+from toolkit.reuse import ReserveEvent
 from toolkit.ui import figures, text
 from toolkit.ui.layers import Collapse
 
@@ -120,7 +120,7 @@ def save_html(path: str | Path, sections: Sequence[Section], title: str = "toolk
 def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source: str = "") -> Path:
     """``python -m toolkit plan --cases FILE --html PATH``: one section per case (its context's reserves);
     a case llama.cpp would refuse is listed with its error."""
-    from toolkit.models.cases import context_from_case
+    from toolkit.context import context_from_case
 
     sections: list[Section] = []
     for k, case in enumerate(cases):
