@@ -1,7 +1,17 @@
-"""``python -m toolkit``: plan oracle-style cases, replay reuse/rebuild sequences, run (JAX).
+"""``python -m toolkit``: plan and fit llama.cpp command lines, replay reuse/rebuild sequences, run (JAX).
 
+- ``plan -m MODEL [llama.cpp flags] [--json]``: what llama.cpp prints for that command line
+  (buffers, KV cache, graph nodes and splits, the memory breakdown table); ``-m`` takes a preset
+  name, a GGUF path or a JSON model description; devices are ``--device sim:24G,cuda:24G`` or
+  ``--rpc HOST:PORT`` (memory of servers with ``--device-memory``);
 - ``plan --cases FILE.json [--json]``: per case, what llama.cpp prints (graph nodes and splits,
   compute/KV/model/output buffers, n_copies, pipeline parallelism), as log lines or a JSON list;
+  either form takes ``--html FILE``: also one self-contained HTML report (figures, event log,
+  parameters; ``toolkit.ui.share``);
+- ``fit -m MODEL [llama.cpp flags] [--fit-target MiB] [--fit-ctx N] [--fit-print on] [--exact]
+  [--json]``: what ``llama-fit-params`` prints (its log on stderr), then, beyond llama.cpp, the
+  real buffers of the printed parameters against the estimate; ``fit --cases FILE --json``: a
+  JSON list with per case ``{id, printed, fitted, probes, log_lines, …}``;
 - ``replay --case FILE.json --id ID --steps "max_nodes=4096; parallel=on" [--json]``: the
   reserve-event log of the initial reserve followed by one event per step;
 - ``run ...``: execution on JAX, delegated to ``toolkit.jaxrt.cli:main`` (imported only then).
@@ -12,9 +22,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from toolkit.errors import ParameterError
 
 _BOOL = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 _BOOL_FIELDS = {"parallel", "op_offload", "kv_unified", "offload_kqv", "use_mmap", "force_pipeline_parallel"}
@@ -70,14 +84,59 @@ def _split_items(part: str) -> list[str]:
     return [i.strip() for i in items if i.strip()]
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+_TOOL_OPTS = {"--cases": True, "--json": False, "--exact": False, "--no-real": False, "--html": True}
+
+
+def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """The toolkit's own options of plan/fit, and the llama.cpp flags left for the grammar."""
+    opts: dict[str, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, val = a.partition("=")
+        if name in _TOOL_OPTS:
+            if _TOOL_OPTS[name]:
+                if not eq:
+                    if i + 1 >= len(argv):
+                        raise ParameterError(name, None, "a value after the option")
+                    val = argv[i + 1]
+                    i += 1
+                opts[name.lstrip("-").replace("-", "_")] = val
+            else:
+                opts[name.lstrip("-").replace("-", "_")] = True
+        else:
+            rest.append(a)
+        i += 1
+    return opts, rest
+
+
+def cmd_plan(argv: Sequence[str]) -> int:
     from toolkit.context import plan_case
+    from toolkit.fit.plan import plan_args
+    from toolkit.models.args import parse_args
     from toolkit.models.cases import load_cases, log_lines
-    cases = load_cases(args.cases)
+    opts, rest = split_tool_options(argv)
+    if "cases" not in opts:
+        made: list[Any] = []
+        r = plan_args(parse_args(rest, env=os.environ), contexts=made)
+        if opts.get("html") and made:   # one self-contained HTML report (toolkit.ui.share, plotly)
+            share = importlib.import_module("toolkit.ui.share")
+            share.save_html(opts["html"], [share.section_of(made[0], str(r.get("id")))],
+                            title=f"toolkit plan {' '.join(rest)}")
+        if opts.get("json"):
+            json.dump(r, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(log_lines(r)))
+        return 0 if "error" not in r else 1
+    if rest:
+        raise ParameterError("plan --cases", " ".join(rest), "no llama.cpp flags (each case brings its own)")
+    cases = load_cases(opts["cases"])
     results = [plan_case(c) for c in cases]
-    if getattr(args, "html", None):   # one self-contained HTML report (toolkit.ui.share, plotly)
-        importlib.import_module("toolkit.ui.share").save_cases_html(args.html, cases, source=str(args.cases))
-    if args.json:
+    if opts.get("html"):   # one self-contained HTML report (toolkit.ui.share, plotly)
+        importlib.import_module("toolkit.ui.share").save_cases_html(opts["html"], cases, source=str(opts["cases"]))
+    if opts.get("json"):
         json.dump(results, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
@@ -86,6 +145,54 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for line in log_lines(r):
             print(line)
     return 0
+
+
+def cmd_fit(argv: Sequence[str]) -> int:
+    from toolkit.fit import fit_params, fit_print, real_run
+    from toolkit.fit.cases import fit_case
+    from toolkit.models.args import load_model_arg, parse_args
+    opts, rest = split_tool_options(argv)
+    if "cases" in opts:
+        cases = json.loads(Path(opts["cases"]).read_text())
+        out = [fit_case(c, real=not opts.get("no_real")) for c in (cases if isinstance(cases, list) else [cases])]
+        if opts.get("json"):
+            json.dump(out, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            for one in out:
+                print(f"===== CASE {one['id']}")
+                print(one.get("printed") or one.get("error", ""))
+        return 0
+    args = parse_args(rest, env=os.environ)
+    hp = load_model_arg(args.model)
+    if args.fit_print:
+        fp = fit_print(hp, args)
+        if opts.get("json"):
+            json.dump({"printed": fp.printed, "probe": fp.probe.to_dict(), "log_lines": list(fp.log_lines)},
+                      sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(fp.log_lines), file=sys.stderr)
+            print("\n".join(fp.rows))
+        return 0
+    r = fit_params(hp, args, exact=bool(opts.get("exact")))
+    real = None if opts.get("no_real") else real_run(hp, args, r)
+    if opts.get("json"):
+        d = r.to_dict()
+        if real is not None:
+            d["real"] = real.to_dict()
+        json.dump(d, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(r.log_lines), file=sys.stderr)
+        if real is not None:
+            print("\n".join("real run: " + line for line in real.lines()), file=sys.stderr)
+        if r.printed_differs:
+            print(f"note: the printed line drops the trailing zero split entries of -ts "
+                  f"{','.join(map(str, r.fitted.ts or ()))}: a program given it splits by free memory", file=sys.stderr)
+        if r.printed:
+            print(r.printed)
+    return 0 if r.status == "success" else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -119,10 +226,8 @@ def cmd_run(argv: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    pl = sub.add_parser("plan", help="plan every case of a cases.json-style file")
-    pl.add_argument("--cases", required=True, help="JSON list of {id, model, cparams}")
-    pl.add_argument("--json", action="store_true", help="print a JSON list instead of log lines")
-    pl.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (figures, events)")
+    sub.add_parser("plan", help="plan a llama.cpp command line (-m MODEL flags...) or --cases FILE", add_help=False)
+    sub.add_parser("fit", help="fit a llama.cpp command line to device memory, as llama-fit-params", add_help=False)
     rp = sub.add_parser("replay", help="replay a sequence of parameter changes and print the reserve events")
     rp.add_argument("--case", required=True, help="JSON file with the case(s)")
     rp.add_argument("--id", help="case id (default: the first case)")
@@ -136,9 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
         return cmd_run(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
-        return cmd_plan(args) if args.command == "plan" else cmd_replay(args)
+        if argv and argv[0] in ("plan", "fit"):
+            if "-h" in argv[1:] or "--help" in argv[1:]:
+                print(__doc__)
+                return 0
+            return cmd_plan(argv[1:]) if argv[0] == "plan" else cmd_fit(argv[1:])
+        args = build_parser().parse_args(argv)
+        return cmd_replay(args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

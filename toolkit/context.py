@@ -22,7 +22,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from toolkit import validate
 from toolkit.backend import Backend
+from toolkit.backend.host import check_host_bytes
 from toolkit.errors import AllocationError, ParameterError, ToolkitError
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
@@ -31,6 +33,7 @@ from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler
+from toolkit.sched.metadata import GGML_SCHED_MAX_COPIES, host_metadata_bytes
 
 __all__ = ["Context", "LlamaContextView", "context_from_case", "plan_case"]
 
@@ -90,14 +93,18 @@ class Context:
     auto_max_nodes_text = AUTO_MAX_NODES_TEXT
 
     def __init__(self, model: Any, cparams: ContextParams | None = None, devices: Sequence[Backend] | None = None,
-                 planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None) -> None:
+                 planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
+                 host_memory: int | None = None) -> None:
+        # the most host memory a plan may ask for (scheduler metadata, CPU buffers); None: the machine's
+        self.host_memory = validate.optional_integer("host_memory", host_memory, lo=0,
+                                                     none_means="the machine's physical memory")
         self.hparams = _hparams(model)
         # the runtime loads weights from here (toolkit.jaxrt); planning needs only the metadata
         self.gguf_path: str | None = model if isinstance(model, str) and model.endswith(".gguf") else None
         self.cparams: ContextParams = cparams if cparams is not None else ContextParams()
         self.backends_arg = list(devices) if devices is not None else None
         self.max_nodes_override = _check_max_nodes(max_nodes)
-        self.parallel_override = parallel
+        self.parallel_override = None if parallel is None else validate.boolean("parallel", parallel)
         self.setup: LlamaSetup = setup(self.hparams, self.cparams, self.backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
         self.holder = SchedulerHolder(lambda: self.backends, planner)
@@ -197,9 +204,7 @@ class Context:
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, *,
                       split_only: bool = False) -> LlamaGraph | None:
         """``llama_context::graph_reserve``: the graph (a LlamaGraph), or None when allocation failed."""
-        if n_tokens % n_seqs:
-            n_tokens = -(-n_tokens // n_seqs) * n_seqs
-            n_outputs = max(n_outputs, n_tokens)
+        n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, n_outputs)
         lg = self.build_llama_graph(n_tokens, n_seqs, n_outputs)
         if split_only:
             self.scheduler.split_graph(lg.graph)
@@ -209,9 +214,9 @@ class Context:
     def _precheck(self, params: SchedParams) -> None:
         """Refuse a max_nodes too small for the graph before touching the scheduler (state kept)."""
         rp = self.setup.resolved
-        n_tokens = min(rp.n_ctx, rp.n_ubatch)
+        n_tokens, n_outputs = reserve_shape(min(rp.n_ctx, rp.n_ubatch), rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch))
         try:
-            g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_tokens).graph
+            g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_outputs).graph
         except GraphFull as e:
             raise ParameterError("max_nodes", params.max_nodes, "room for every node of the graph",
                                  f"too small for the graph: {e}") from None
@@ -231,6 +236,11 @@ class Context:
         params = SchedParams(self.max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
         h = self.holder
+        if not h.would_reuse(params):
+            # ggml_backend_sched_new allocates its hash set and graph copies on the host
+            copies = GGML_SCHED_MAX_COPIES if params.parallel else 1
+            check_host_bytes(f"the scheduler's host metadata for max_nodes={params.max_nodes}",
+                             host_metadata_bytes(params.max_nodes, len(self.backends), copies), limit=self.host_memory)
         r = h.begin_reserve(params, extra_reasons)
         if self.setup.warnings and not self.setup.warned:
             r.warnings += self.setup.warnings   # logged once, when the memory is created
@@ -257,6 +267,7 @@ class Context:
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
+        self._check_host_buffers()
         t_end = time.perf_counter()
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
@@ -266,6 +277,21 @@ class Context:
             model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
             pipeline_parallel=self.pipeline_parallel)
+
+    def _check_host_buffers(self) -> None:
+        """Refuse a plan whose host buffers (KV cache, outputs, compute, weights not mapped from the
+        file) exceed the host memory: llama.cpp would fail to allocate them."""
+        s = self.scheduler
+        host = {b.name for b in s.bufts if b.is_host}
+        host |= {be.buft.name for be in self.backends if be.buft.is_host}
+        host |= {be.host_buft.name for be in self.backends if be.host_buft is not None}
+        compute = sum(s.buffer_size(i) for i in range(s.n_backends) if s.bufts[i].is_host)
+        other = [self.kv_buffers_bytes, self.output_buffer_bytes,
+                 {k: v for k, v in self.model_buffers_bytes.items() if not k.endswith("_Mapped")}]
+        total = compute + sum(b for d in other for name, b in d.items() if name in host)
+        rp = self.setup.resolved
+        check_host_bytes(f"host buffers for n_ctx={rp.n_ctx}, n_ubatch={rp.n_ubatch}, n_seq_max={rp.n_seq_max} "
+                         f"(KV cache, outputs, compute buffers)", total, limit=self.host_memory)
 
     def _resolve_flash_attn(self, n_seqs: int, warnings: list[str]) -> None:
         """-fa auto: FA stays on when every FLASH_ATTN_EXT runs on its layer's KV device."""
@@ -296,24 +322,14 @@ class Context:
 
     def _apply(self, changes: Mapping[str, Any], trigger: str) -> ReserveEvent:
         cp_changes = {k: v for k, v in changes.items() if k not in _SCHED_FIELDS}
-        try:
-            new_cp = self.cparams.replace(**cp_changes) if cp_changes else self.cparams
-        except ToolkitError:
-            raise
-        except ValueError as e:  # ContextParams' own checks: bad user input, same message
-            raise ToolkitError(str(e)) from e
+        new_cp = self.cparams.replace(**cp_changes) if cp_changes else self.cparams
         if "max_nodes" in changes:
             self.max_nodes_override = _check_max_nodes(changes["max_nodes"])
         reasons: list[Reason] = []
         if any(getattr(new_cp, k) != getattr(self.cparams, k) for k in new_cp.__dataclass_fields__
                if k != "op_offload"):
             same_devs = all(getattr(new_cp, k) == getattr(self.cparams, k) for k in _DEVICE_FIELDS)
-            try:
-                new_setup = setup(self.hparams, new_cp, self.backends_arg, self.setup.devices if same_devs else None)
-            except ToolkitError:
-                raise
-            except ValueError as e:  # llama_init_from_model refuses the params (KV types, devices)
-                raise ToolkitError(str(e)) from e
+            new_setup = setup(self.hparams, new_cp, self.backends_arg, self.setup.devices if same_devs else None)
             self.setup = new_setup
             self.fa_resolved = new_cp.flash_attn != "auto"
             self.pipeline_parallel = new_setup.pipeline_parallel
@@ -324,7 +340,7 @@ class Context:
         self.cparams = new_cp
         if "parallel" in changes:
             p = changes["parallel"]
-            self.parallel_override = None if p is None else bool(p)
+            self.parallel_override = None if p is None else validate.boolean("parallel", p)
         if self.parallel_override is not None:
             self.pipeline_parallel = self.parallel_override
         elif "parallel" in changes:
@@ -390,10 +406,18 @@ class Context:
                 f"sched={p}, events={len(self.events)})")
 
 
+def reserve_shape(n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
+    """``llama_context::graph_reserve`` makes n_tokens a multiple of n_seqs (rounding up)."""
+    if n_tokens % n_seqs:
+        n_tokens = -(-n_tokens // n_seqs) * n_seqs
+        n_outputs = max(n_outputs, n_tokens)
+    return n_tokens, n_outputs
+
+
 def _check_max_nodes(max_nodes: Any) -> int | None:
-    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes <= 0):
-        raise ParameterError("max_nodes", max_nodes, "a positive integer (or None for graph_max_nodes)")
-    return max_nodes
+    # graph_max_nodes is a uint32_t in llama.cpp; what the hash set for it costs is checked later
+    return validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
+                                     none_means="llama_context::graph_max_nodes")
 
 
 # ---- oracle cases ------------------------------------------------------------------------------
@@ -409,6 +433,6 @@ def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
     """What llama.cpp printed for a case, under the oracle's names, or ``{"id", "error"}`` when it refuses."""
     try:
         ctx = context_from_case(case)
-    except ValueError as e:
-        return {"id": case.get("id"), "error": str(e)}
+    except ToolkitError as e:
+        return {"id": case.get("id"), "error": e.llama_text or str(e)}
     return {"id": case.get("id"), **summary(ctx)}

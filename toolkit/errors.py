@@ -19,7 +19,13 @@ from typing import Any
 
 
 class ToolkitError(ValueError):
-    """Base class of every error a user's input can cause (a bad value, a file, a budget)."""
+    """Base class of every error a user's input can cause (a bad value, a file, a budget).
+
+    ``llama_text`` is, where llama.cpp refuses the same input, the message llama.cpp prints
+    (the oracle comparisons read it); otherwise None.
+    """
+
+    llama_text: str | None = None
 
 
 class ParameterError(ToolkitError):
@@ -28,10 +34,12 @@ class ParameterError(ToolkitError):
     ``param`` names the parameter, ``value`` is what was given, ``accepted`` says what is accepted.
     """
 
-    def __init__(self, param: str, value: Any, accepted: str, detail: str = "") -> None:
+    def __init__(self, param: str, value: Any, accepted: str, detail: str = "", *,
+                 llama_text: str | None = None) -> None:
         self.param = param
         self.value = value
         self.accepted = accepted
+        self.llama_text = llama_text
         shown = repr(value) if isinstance(value, str) else str(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."

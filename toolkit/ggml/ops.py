@@ -19,7 +19,8 @@ __all__ = [
     "cont", "cont_2d", "cont_3d", "cont_4d", "reshape", "reshape_1d", "reshape_2d",
     "reshape_3d", "reshape_4d", "view_1d", "view_2d", "view_3d", "view_4d", "permute",
     "transpose", "diag_mask_inf", "soft_max", "soft_max_ext", "rope_ext", "flash_attn_ext",
-    "glu_split", "swiglu_split", "swiglu", "fill", "repeat", "clamp",
+    "glu_split", "swiglu_split", "swiglu", "fill", "repeat", "clamp", "mul_mat_id", "argsort",
+    "argsort_top_k",
 ]
 
 
@@ -237,6 +238,35 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     if a.nb[0] > a.nb[1]:
         raise _fail("mul_mat", f"a ({a.name}) must not be transposed")
     return _op(Tensor(F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3])), Op.MUL_MAT, a, b)
+
+
+def mul_mat_id(as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """``ggml_mul_mat_id(as, b, ids)``: per token, the experts ids picks from the 3-D ``as``.
+
+    ``as`` is ``[k_in, n_out, n_expert]``, ``b`` ``[k_in, n_b, n_tokens]``, ``ids`` I32 ``[n_used, n_tokens]``;
+    the result is F32 ``[n_out, n_used, n_tokens]`` (srcs: as, b, ids).
+    """
+    ok = (as_.ne[3] == 1 and b.ne[3] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1 and ids.ne[1] == b.ne[2]
+          and as_.ne[0] == b.ne[0] and ids.ne[0] % b.ne[1] == 0)
+    if not ok or ids.type is not I32:
+        raise _fail("mul_mat_id", f"cannot multiply experts {list(as_.ne)} by {list(b.ne)} with ids "
+                                  f"{ids.type.lower} {list(ids.ne)}")
+    if as_.nb[0] > as_.nb[1]:
+        raise _fail("mul_mat_id", f"as ({as_.name}) must not be transposed")
+    return _op(Tensor(F32, (as_.ne[1], ids.ne[0], b.ne[2], 1)), Op.MUL_MAT_ID, as_, b, ids)
+
+
+def argsort(a: Tensor, descending: bool = False) -> Tensor:
+    """``ggml_argsort``: I32 indices that sort each row (``GGML_SORT_ORDER_ASC``/``DESC``)."""
+    return _op(Tensor(I32, a.ne), Op.ARGSORT, a, order="desc" if descending else "asc")
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """``ggml_argsort_top_k``: a descending ARGSORT and a view of its first k columns."""
+    if not 0 < k <= a.ne[0]:
+        raise _fail("argsort_top_k", f"k={k} must be in 1..{a.ne[0]}")
+    r = argsort(a, descending=True)
+    return view_4d(r, k, r.ne[1], r.ne[2], r.ne[3], r.nb[1], r.nb[2], r.nb[3], 0)
 
 
 def get_rows(a: Tensor, b: Tensor) -> Tensor:

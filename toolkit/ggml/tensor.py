@@ -60,6 +60,7 @@ class Op(enum.Enum):
     ROPE_BACK = "ROPE_BACK"
     CLAMP = "CLAMP"
     ARANGE = "ARANGE"
+    ARGSORT = "ARGSORT"
     FLASH_ATTN_EXT = "FLASH_ATTN_EXT"
     UNARY = "UNARY"
     GLU = "GLU"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from toolkit.errors import ParameterError
+
 
 class GGMLType(enum.Enum):
     """The ggml types llama.cpp uses for weights, activations and KV caches.
@@ -18,14 +20,20 @@ class GGMLType(enum.Enum):
     Q5_0 = (6, 32, 22)
     Q5_1 = (7, 32, 24)
     Q8_0 = (8, 32, 34)
+    Q2_K = (10, 256, 84)
+    Q3_K = (11, 256, 110)
     Q4_K = (12, 256, 144)
+    Q5_K = (13, 256, 176)
     Q6_K = (14, 256, 210)
+    IQ4_NL = (20, 32, 18)
+    IQ4_XS = (23, 256, 136)
     I8 = (24, 1, 1)
     I16 = (25, 1, 2)
     I32 = (26, 1, 4)
     I64 = (27, 1, 8)
     F64 = (28, 1, 8)
     BF16 = (30, 1, 2)
+    MXFP4 = (39, 32, 17)
 
     # plain attributes set once per member: the hot paths (nbytes, alloc_size) read these for every
     # tensor, and Enum's ``value`` lookup is far slower than an attribute
@@ -63,7 +71,7 @@ class GGMLType(enum.Enum):
             return cls[str(name).upper()]
         except KeyError:
             known = ", ".join(t.lower for t in cls)
-            raise ValueError(f"unknown ggml type {name!r}; known types: {known}") from None
+            raise ParameterError("type", name, f"a ggml type name ({known})", "unknown ggml type") from None
 
 
 F32 = GGMLType.F32

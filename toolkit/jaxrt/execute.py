@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from toolkit.ggml.tensor import Tensor
+from toolkit.ggml.tensor import Op, Tensor
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.compile import CompileCache, CompiledSplit, SplitProgram, base_of, default_cache
 from toolkit.jaxrt.kernels import as_f32
+from toolkit.models.moe import ExpertTransfer, expert_copy_bytes, used_expert_ranges
 from toolkit.sched import Scheduler
 
 
@@ -78,6 +79,7 @@ class RunStats:
     weight_copy_bytes: int = 0
     implicit_transfers: int = 0
     dispatch_ms: float = 0.0
+    expert_transfers: list[ExpertTransfer] = field(default_factory=list)
 
 
 def device_of(x: jax.Array) -> Any:
@@ -92,6 +94,41 @@ def region(flat: jax.Array, src: Tensor) -> jax.Array:
     if start == 0 and n == flat.shape[0]:
         return flat
     return flat[start:start + n]
+
+
+def _expert_user(spec: SplitSpec, copy: Tensor) -> Tensor | None:
+    """The split's first node when it is a MUL_MAT_ID reading ``copy`` as its experts (llama's
+    sched_copy_experts looks only at ``split->graph.nodes[0]``)."""
+    node = spec.nodes[0] if spec.nodes else None
+    if node is not None and node.op is Op.MUL_MAT_ID and node.src[0] is copy:
+        return node
+    return None
+
+
+def sched_copy_experts(spec: SplitSpec, k: int, src: Tensor, copy: Tensor, node: Tensor, flat: jax.Array,
+                       values: dict[Tensor, jax.Array], dev: Any) -> tuple[jax.Array, ExpertTransfer]:
+    """llama's copy callback for host experts (``ggml_backend_sched_set_copy_callback``): read the ids
+    the router chose, and copy only those experts (consecutive ids in one transfer, plus 512 bytes of
+    padding unless the run ends at the last expert) into the full-size split input. The rest of the
+    copy is never read by the MUL_MAT_ID."""
+    ids_t = node.src[2]
+    assert ids_t is not None
+    # the ids may be a later input of this split that is not copied yet: read its source then
+    ids_src = next((s for s, c in spec.copies if c is ids_t), ids_t)
+    ids = np.asarray(layout.read(values[base_of(ids_src)], ids_src)).reshape(-1)  # waits for the router
+    n_expert = src.ne[2]
+    expert_size = src.nb[2]
+    runs = used_expert_ranges(ids.tolist(), n_expert)
+    u = layout.unit_size(src.type)
+    part = region(flat, src)
+    out = jnp.zeros(part.shape, part.dtype, device=dev)
+    for first, last in runs:
+        lo = first * expert_size // u
+        hi = min((last + 1) * expert_size + (min(expert_size, 512) if last < n_expert - 1 else 0), src.nbytes) // u
+        out = out.at[lo:hi].set(jax.device_put(part[lo:hi], dev))
+    nbytes = expert_copy_bytes(runs, expert_size, n_expert)
+    used = tuple(sorted({int(i) for i in ids}))
+    return out, ExpertTransfer(k, src.name, src.nbytes, nbytes, used, tuple(runs))
 
 
 class GraphRunner:
@@ -129,10 +166,19 @@ class GraphRunner:
         """Dispatch every split in order; ``values`` (base -> flat storage) is updated and returned."""
         st = stats if stats is not None else RunStats()
         t0 = time.perf_counter()
-        for ps in prepared:
+        for k, ps in enumerate(prepared):
             dev = ps.device
             for src, copy in ps.spec.copies:
                 flat = values[base_of(src)]
+                user = _expert_user(ps.spec, copy) if src.is_weight and src.buffer.buft.is_host else None
+                if user is not None:
+                    values[copy], tr = sched_copy_experts(ps.spec, k, src, copy, user, flat, values, dev)
+                    st.expert_transfers.append(tr)
+                    st.n_copies += 1
+                    st.copy_bytes += tr.transfer_bytes
+                    st.weight_copies += 1
+                    st.weight_copy_bytes += tr.transfer_bytes
+                    continue
                 part = region(flat, src)
                 if part is flat and device_of(flat) == dev:
                     # two backends on one device (simulated ones sharing it): the copy must not

@@ -119,6 +119,11 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
     w.add_layer_norm_rms_eps(hp.eps)
     w.add_rope_freq_base(hp.rope_freq_base)
     w.add_vocab_size(hp.n_vocab)
+    if hp.moe is not None:
+        w.add_expert_count(hp.moe.n_expert)
+        w.add_expert_used_count(hp.moe.n_expert_used)
+        if hp.moe.n_ff_exp:
+            w.add_expert_feed_forward_length(hp.moe.n_ff_exp)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
     w.add_token_scores([0.0] * hp.n_vocab)

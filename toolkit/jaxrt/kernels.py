@@ -18,6 +18,7 @@ import numpy as np
 from toolkit.ggml.tensor import GluOp, Op, Tensor, UnaryOp, is_view_op
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt import layout
+from toolkit.jaxrt.kernels_moe import MOE_KERNELS
 from toolkit.jaxrt.quant import dequantize
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -322,6 +323,8 @@ def compute(node: Tensor, env: Env) -> jnp.ndarray:
 
 def _compute_misc(node: Tensor, env: Env, shape: tuple[int, int, int, int]) -> jnp.ndarray:
     op, p, s = node.op, node.op_params, node.src
+    if op in MOE_KERNELS:
+        return MOE_KERNELS[op](node, env, shape)
     x = env.read_f32(s[0]) if s[0] is not None else None  # type: ignore[arg-type]
     assert x is not None
     simple: dict[Op, Callable[[jnp.ndarray], jnp.ndarray]] = {

@@ -124,6 +124,7 @@ class DecodeLog:
     n_copies: int = 0
     weight_copies: int = 0
     graph_reused: bool = False
+    expert_transfers: list[Any] = field(default_factory=list)   # toolkit.models.moe.ExpertTransfer
 
     @property
     def compiled(self) -> int:
@@ -236,7 +237,7 @@ class Engine:
             res = self.rt.run_graph(pg, self._inputs(lg, ub, self.n_past))
             st = self.rt.last_stats
             self.log.append(DecodeLog(len(ub), [ps.summary() for ps in pg.splits], st.n_copies,
-                                      st.weight_copies, reused))
+                                      st.weight_copies, reused, list(st.expert_transfers)))
             pending.append((res[lg.logits], lg.logits, len(ub)))
             self.n_past += len(ub)
         rows = [self.rt.read(flat, t).reshape(n, -1) for flat, t, n in pending]

@@ -12,6 +12,7 @@ BUILDERS: dict[str, type[GraphBuilder]] = {
     "llama": LlamaGraphBuilder,
     "qwen3": Qwen3GraphBuilder,
     "gemma3": Gemma3GraphBuilder,
+    "qwen3moe": Qwen3GraphBuilder,  # llm_build_qwen3moe: qwen3's layer with build_moe_ffn in the FFN slot
 }
 assert set(BUILDERS) == set(SUPPORTED_ARCHS)
 

@@ -39,15 +39,31 @@ def summary(ctx: Any) -> dict[str, Any]:
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
+        # the rest of llama_kv_cache's size line (cells, layers and bytes are in kv_caches)
+        "kv_types": {"n_seq_max": ctx.setup.resolved.n_seq_max, "type_k": ctx.setup.resolved.type_k.lower,
+                     "type_v": ctx.setup.resolved.type_v.lower},
+        "tensor_overrides": [o.to_dict() for o in ctx.setup.model.tensor_overrides],
     }
+
+
+def kv_size_line(c: Mapping[str, Any], t: Mapping[str, Any]) -> str:
+    """``llama_kv_cache``'s size line for one cache (``c``: a ``kv_caches`` entry, ``t``: ``kv_types``)."""
+    k, v = c["size_k_bytes"], c["size_v_bytes"]
+    return (f"llama_kv_cache: size = {(k + v) / 2**20:7.2f} MiB ({c['cells']:6d} cells, {c['layers']:3d} layers, "
+            f"{t['n_seq_max']:2d}/{c['n_stream']} seqs), K ({t['type_k']}): {k / 2**20:7.2f} MiB, "
+            f"V ({t['type_v']}): {v / 2**20:7.2f} MiB")
 
 
 def log_lines(result: Mapping[str, Any]) -> list[str]:
     """llama.cpp's log lines for a planned case (sched_reserve's, with exact bytes, and the buffers)."""
+    fit = list(result.get("fit_log_lines") or ())
     if "error" in result:
-        return [f"llama_init_from_model: {result['error']}"]
-    out = [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-           for name, b in result["model_buffers_bytes"].items()]
+        return [*fit, f"llama_init_from_model: {result['error']}"]
+    # llama_model_loader: the tensors -ot / --cpu-moe / --n-cpu-moe moved (ggml_nbytes / 1 MiB, then exact bytes)
+    out = fit + [f"tensor {o['tensor']} ({o['bytes'] // 2**20} MiB {o['type']}) buffer type overridden to "
+                 f"{o['buft']} ({o['bytes']} bytes)" for o in result.get("tensor_overrides", ())]
+    out += [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
+            for name, b in result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
     caches = result.get("kv_caches") or []
@@ -58,9 +74,13 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
             out.append(f"llama_kv_cache_iswa: creating {c['cache']:>7s} KV cache, size = {c['cells']} cells")
             out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
                     for name, b in c["buffers"].items()]
+            if "kv_types" in result:
+                out.append(kv_size_line(c, result["kv_types"]))
     else:
         out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
                 for name, b in result["kv_buffers_bytes"].items()]
+        if caches and "kv_types" in result:
+            out.append(kv_size_line(caches[0], result["kv_types"]))
     if result["pipeline_parallel"]:
         out.append("llama_context: pipeline parallelism enabled")
     out.append(f"sched_reserve: max_nodes = {result['max_nodes']}")
@@ -75,4 +95,5 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     out.append(f"sched_reserve: graph splits = {s}" if s == stg
                else f"sched_reserve: graph splits = {s} (with bs={bs}), {stg} (with bs=1)")
     out.append(f"sched_reserve: sched copies = {result['n_copies']}")
+    out += ["common_memory_breakdown_print: " + line for line in result.get("memory_breakdown") or ()]
     return out

@@ -12,13 +12,14 @@ limit for input llama.cpp would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from toolkit import validate
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
+from toolkit.models import overrides
 
 FlashAttn = Literal["on", "off", "auto"]
 SplitMode = Literal["none", "layer", "row"]
@@ -59,6 +60,9 @@ class ContextParams:
     use_mmap: bool = True
     n_outputs_max: int | None = None       # None: n_batch (llama.cpp's default)
     force_pipeline_parallel: bool = False
+    override_tensor: tuple[str, ...] = ()  # -ot items, "REGEX=BUFT" (toolkit.models.overrides)
+    cpu_moe: bool = False                  # --cpu-moe
+    n_cpu_moe: int = 0                     # --n-cpu-moe N
     swa_full: bool = False                 # --swa-full: the SWA cache of an iSWA model gets n_ctx_seq cells
 
     def __post_init__(self) -> None:
@@ -80,13 +84,19 @@ class ContextParams:
                 GGMLType.parse(v)
             except (KeyError, ValueError):
                 raise ParameterError(f, v, "a ggml type name such as f16, bf16, f32, q8_0, q4_0") from None
-        for f in ("kv_unified", "offload_kqv", "op_offload", "use_mmap", "force_pipeline_parallel"):
+        for f in ("kv_unified", "offload_kqv", "op_offload", "use_mmap", "force_pipeline_parallel", "swa_full"):
             object.__setattr__(self, f, validate.boolean(f, getattr(self, f)))
         if self.tensor_split is not None:
             object.__setattr__(self, "tensor_split", validate.reals("tensor_split", self.tensor_split, lo=0.0))
         object.__setattr__(self, "devices", validate.strings("devices", self.devices))
         validate.optional_integer("n_outputs_max", self.n_outputs_max, lo=1, hi=validate.UINT32_MAX,
                                   none_means="n_batch")
+        if isinstance(self.override_tensor, str):
+            object.__setattr__(self, "override_tensor", (self.override_tensor,))
+        object.__setattr__(self, "override_tensor", validate.strings("override_tensor", self.override_tensor))
+        overrides.check_items(self.override_tensor)  # the buffer type names are checked against the devices
+        object.__setattr__(self, "cpu_moe", validate.boolean("cpu_moe", self.cpu_moe))
+        validate.integer("n_cpu_moe", self.n_cpu_moe, lo=0, hi=validate.INT32_MAX)
 
     def replace(self, **changes: Any) -> ContextParams:
         unknown = set(changes) - set(self.__dataclass_fields__)
@@ -122,8 +132,15 @@ class ContextParams:
     # ---- the oracle's cases.json schema ------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ContextParams:
-        """From a case's ``cparams`` (requested values; ``rpc_servers`` become RPC devices)."""
-        args = [str(a) for a in d.get("cli_args", ())]
+        """From a case's ``cparams``: its ``cli_args`` through llama.cpp's flag grammar
+        (:func:`toolkit.models.args.parse_args`, with the case's ``env``) when present, else the
+        requested values (``rpc_servers`` become RPC devices)."""
+        if d.get("cli_args"):
+            from toolkit.models.args import parse_args
+            env = dict(d.get("env") or {})
+            if d.get("forced_pipeline_parallel_env"):   # the same switch, recorded without the env
+                env["ORACLE_FORCE_PP"] = "1"
+            return parse_args([str(a) for a in d["cli_args"]], env=env).context_params()
         ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
         split = str(d.get("split_mode", "layer")).split()[0]
         ts = d.get("tensor_split")
@@ -131,10 +148,8 @@ class ContextParams:
             ts = tuple(float(x) for x in ts.replace("/", ",").split(",") if x.strip())
         devices: list[str] = [f"rpc:{ep}" for ep in d.get("rpc_servers", ())]
         devices += [str(x) for x in d.get("extra_devices", ())]
-        use_mmap = bool(d.get("use_mmap", True))
-        load_mode = str(d.get("load_mode") or _arg(args, ("-lm", "--load-mode")) or "mmap").lower()
-        if "--no-mmap" in args or load_mode in ("none", "no_mmap", "read"):
-            use_mmap = False
+        load_mode = str(d.get("load_mode") or "mmap").lower()
+        use_mmap = bool(d.get("use_mmap", True)) and load_mode not in ("none", "no_mmap", "read")
         return cls(
             n_ctx=int(d.get("n_ctx", 4096)), n_batch=int(d.get("n_batch", 2048)),
             n_ubatch=int(d.get("n_ubatch", 512)), n_seq_max=int(d.get("n_seq_max", 1)),
@@ -146,6 +161,8 @@ class ContextParams:
             devices=tuple(devices), use_mmap=use_mmap,
             force_pipeline_parallel=bool(
                 d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+            override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
+            cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
             swa_full=bool(d.get("swa_full", False)),
         )
 
@@ -153,14 +170,8 @@ class ContextParams:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["tensor_split"] = list(self.tensor_split) if self.tensor_split else None
         out["devices"] = list(self.devices)
+        out["override_tensor"] = list(self.override_tensor)
         return out
-
-
-def _arg(args: Sequence[str], names: tuple[str, ...]) -> str | None:
-    for i, a in enumerate(args[:-1]):
-        if a in names:
-            return args[i + 1]
-    return None
 
 
 @dataclass(frozen=True)

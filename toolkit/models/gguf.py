@@ -21,6 +21,7 @@ import numpy as np
 
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.models import moe
 from toolkit.models.gguf_file import GGUFFile, open_gguf
 from toolkit.models.hparams import SUPPORTED_ARCHS, LlamaHParams
 
@@ -81,6 +82,8 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
     rot = f.get_int(f.arch_key("rope.dimension_count"))
     head = f.get_int(f.arch_key("attention.key_length"))
     head_default = n_embd // n_head if n_head else 0
+    # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
+    moe_p = moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors))
     try:
         hp = LlamaHParams(
             n_layer=n_layer, n_embd=n_embd, n_head=n_head,
@@ -93,6 +96,7 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
             eps=f.get_float(f.arch_key("attention.layer_norm_rms_epsilon"), 1e-5) or 0.0,
             tied="output.weight" not in f.tensors, dtype=dtype, tensor_types=overrides,
             name=f.get_str("general.name") or Path(f.path).stem,
+            moe=moe_p,
             **arch_hparams(f),
         )
     except (GGUFError, UnsupportedFeature):

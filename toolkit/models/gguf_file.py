@@ -396,10 +396,11 @@ def open_gguf(path: str | Path) -> GGUFFile:
     for i in range(n_kv):
         at = cur.pos
         key = cur.string(f"key of key/value pair {i}", strict=True)
-        vtype = cur.u32(key)
-        t, v = _value(cur, f, vtype, key, at)
+        field = key or f"key/value pair {i} (empty key)"  # an error must name what it was reading
+        vtype = cur.u32(field)
+        t, v = _value(cur, f, vtype, field, at)
         if key in f.fields:
-            raise cur.fail(f"duplicate key (first at byte {f.fields[key].offset})", key, at)
+            raise cur.fail(f"duplicate key (first at byte {f.fields[key].offset})", field, at)
         f.fields[key] = GGUFField(key, t, v, at)
     align = f.fields.get("general.alignment")
     if align is not None:

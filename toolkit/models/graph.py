@@ -28,6 +28,7 @@ from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F16, F32, I32, GGMLType
 from toolkit.models.loader import KVCache, LoadedModel
+from toolkit.models.moe import build_moe_ffn
 
 I64 = GGMLType.I64
 ROPE_TYPE_NORM = 0
@@ -184,7 +185,13 @@ class GraphBuilder:
         return ops.mul_mat(self.wo_in(il), cur)
 
     def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
-        """The layer's FFN slot: the dense gated FFN (a mixture of experts overrides this)."""
+        """The layer's FFN slot: build_moe_ffn for a model with experts, else the dense gated FFN."""
+        if self.hp.moe is not None:
+            p = f"blk.{il}."
+            m = self.model
+            return build_moe_ffn(res.graph, lambda t, name, i: self.cb(res, t, name, i), cur,
+                                 m.w(p + "ffn_gate_inp.weight"), m.w(p + "ffn_up_exps.weight"),
+                                 m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), self.hp.moe, il)
         return self.build_ffn(res, il, cur, "silu")
 
     def build_ffn(self, res: LlamaGraph, il: int, cur: Tensor, act: str) -> Tensor:

@@ -1,10 +1,10 @@
 """Model hyperparameters and the model's weight tensors (``llama_hparams`` + ``llm_tensor`` names).
 
 A :class:`LlamaHParams` describes a model of one of the architectures the toolkit builds
-(``llama``, ``qwen3``, ``gemma3``; :data:`SUPPORTED_ARCHS`) well enough to build llama.cpp's
-graph and to size its weights: the shapes, the type of every weight (``dtype`` for 2-D
-matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``), whether the output
-head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
+(``llama`` with or without experts, ``qwen3``, ``qwen3moe``, ``gemma3``; :data:`SUPPORTED_ARCHS`)
+well enough to build llama.cpp's graph and to size its weights: the shapes, the type of every
+weight (``dtype`` for 2-D matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``),
+whether the output head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
 sliding window of iSWA models (``n_swa``, ``swa_pattern``: ``llama_hparams::set_swa_pattern``).
 
 >>> from toolkit.models import presets
@@ -21,8 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.errors import UnsupportedFeature
+from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
+from toolkit.models import moe as moe_ffn
+from toolkit.models.moe import MoEParams
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -30,7 +32,7 @@ GGUF_DEFAULT_ALIGNMENT = 32
 ROPE_FREQS_LAYER = -2
 
 # the architectures with a graph builder (toolkit.models.archs); anything else is refused
-SUPPORTED_ARCHS = ("llama", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
 # architectures whose attention RMS-normalises Q and K per head (attn_q_norm / attn_k_norm)
 QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
 
@@ -40,6 +42,8 @@ _LAYER_TENSORS: dict[str, tuple[str, ...]] = {
               "ffn_down"),
     "qwen3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
               "ffn_gate", "ffn_down", "ffn_up"),
+    # qwen3's attention; the expert tensors (toolkit.models.moe.layer_tensors) follow ffn_norm
+    "qwen3moe": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm"),
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up", "post_ffw_norm"),
 }
@@ -96,25 +100,26 @@ class LlamaHParams:
     n_swa: int = 0                      # sliding window (attention.sliding_window); 0: none
     swa_pattern: int = 0                # set_swa_pattern(n_pattern): layer il is SWA if il % n < n - 1
     rope_freq_base_swa: float | None = None  # rope.freq_base_swa (SWA layers); None: rope_freq_base
+    moe: MoEParams | None = None        # Mixtral-style experts (build_moe_ffn) instead of the dense FFN
 
     def __post_init__(self) -> None:
         check_arch(self.arch)
         if self.rope_freqs is not None:
             rf = tuple(float(x) for x in self.rope_freqs)
             if len(rf) != self.n_rot // 2:
-                raise ValueError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
+                raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)
         if not isinstance(self.n_swa, int) or self.n_swa < 0 or not isinstance(self.swa_pattern, int) \
                 or self.swa_pattern < 0:
-            raise ValueError(f"n_swa={self.n_swa!r} and swa_pattern={self.swa_pattern!r} must be integers >= 0")
+            raise ToolkitError(f"n_swa={self.n_swa!r} and swa_pattern={self.swa_pattern!r} must be integers >= 0")
         for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+                raise ToolkitError(f"{f} must be a positive integer, got {v!r}")
         if self.n_head % self.n_head_kv:
-            raise ValueError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
+            raise ToolkitError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
         if self.n_embd_head_ is None and self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
+            raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
         object.__setattr__(self, "dtype", GGMLType.parse(self.dtype))
         object.__setattr__(self, "tensor_types", {k: GGMLType.parse(v) for k, v in dict(self.tensor_types).items()})
 
@@ -206,13 +211,28 @@ class LlamaHParams:
             "ffn_gate": (E, self.n_ff), "ffn_up": (E, self.n_ff), "ffn_down": (self.n_ff, E),
             "attn_q_norm": (H,), "attn_k_norm": (H,), "post_attention_norm": (E,), "post_ffw_norm": (E,),
         }
+        moe = self.moe
         for il in range(self.n_layer):
             for t in _LAYER_TENSORS[self.arch]:
+                if moe is not None and t in ("ffn_gate", "ffn_up", "ffn_down"):
+                    continue
                 ne = shapes[t]
                 out.append(self._w(f"blk.{il}.{t}.weight", ne, il, "MUL" if len(ne) == 1 else "MUL_MAT"))
+            if moe is not None:
+                out += self._moe_weights(moe, il)
         out.append(self._w("output_norm.weight", (E,), self.n_layer, "MUL"))
         if not self.tied:
             out.append(self._w("output.weight", (E, self.n_vocab), self.n_layer))
+        return out
+
+    def _moe_weights(self, moe: MoEParams, il: int) -> list[WeightInfo]:
+        out = []
+        for suffix, ne, op, router in moe_ffn.layer_tensors(moe, self.n_embd, self.n_ff):
+            name = f"blk.{il}.{suffix}.weight"
+            w = self._w(name, ne, il, op)
+            if router and not any(name.endswith(s) for s in self.tensor_types):
+                w = WeightInfo(name, ne, F32, il, op)  # the router stays F32 (llama-quantize skips it)
+            out.append(w)
         return out
 
     @property
@@ -224,7 +244,7 @@ class LlamaHParams:
         """Each weight's row length must be a whole number of blocks of its type."""
         for w in self.weights():
             if w.ne[0] % w.type.blck_size:
-                raise ValueError(
+                raise ToolkitError(
                     f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s block size "
                     f"{w.type.blck_size}"
                 )
@@ -247,9 +267,10 @@ class LlamaHParams:
                 tied=bool(d.get("tied", False)), dtype=GGMLType.parse(d.get("dtype", "f32")),
                 tensor_types=dict(d.get("tensor_types") or {}), name=str(d.get("name", "llama")),
                 **_arch_fields(d),
+                moe=moe_ffn.from_dict(d),
             )
         except KeyError as e:
-            raise ValueError(f"model description lacks {e.args[0]!r}") from None
+            raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
         hp.validate_types()
         return hp
 
@@ -264,6 +285,7 @@ class LlamaHParams:
             "qk_norm": self.qk_norm,
             **({"swa": {"window": self.n_swa, "pattern": self.swa_pattern,
                         "rope_freq_base_swa": self.rope_freq_base_swa}} if self.n_swa else {}),
+            **(self.moe.to_dict() if self.moe is not None else {}),
         }
 
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toolkit.backend import Backend, Buffer, BufferType
+from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
+from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
 from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
@@ -42,7 +44,7 @@ def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[
     act_gpu_layers = 0 if n_dev == 0 else min(ngl, n_layer + 1)
     ts = cp.tensor_split
     if ts is not None and len(ts) > n_dev and any(ts[n_dev:]):
-        raise ValueError(f"tensor_split={list(ts)} has {len(ts)} shares for {n_dev} device(s)")
+        raise ParameterError("tensor_split", list(ts), f"at most {n_dev} share(s), one per device")
     if ts is None or not any(ts[:n_dev]):
         # default split by free memory: the budgets when every device has one; equal shares otherwise
         # (identical devices, like the oracle's two RPC servers on one host, report equal memory)
@@ -65,8 +67,9 @@ def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[
 
 
 def repack_supported(w: WeightInfo) -> bool:
-    """ggml-cpu's repack buffer runs MUL_MAT on 2-D Q4_0/Q4_K (rows % 8) and IQ4_NL (rows % 4) matrices (x86)."""
-    if w.op != "MUL_MAT" or len(w.ne) != 2:
+    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0/Q4_K (rows % 8) and
+    IQ4_NL (rows % 4) weights (x86)."""
+    if (w.op, len(w.ne)) not in (("MUL_MAT", 2), ("MUL_MAT_ID", 3)):
         return False
     if w.type in (GGMLType.Q4_0, GGMLType.Q4_K):
         return w.ne[1] % 8 == 0
@@ -83,6 +86,8 @@ class LoadedModel:
     tensors: dict[str, Tensor] = field(default_factory=dict)
     output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
     buffers_bytes: dict[str, int] = field(default_factory=dict)
+    tensor_overrides: list[overrides.TensorOverride] = field(default_factory=list)  # weights moved by -ot & co.
+    override_rules: list[overrides.OverrideRule] = field(default_factory=list)
     rope_freqs: list[Tensor] = field(default_factory=list)  # per repeating layer: its buffer type's copy
 
     def layer_backend(self, il: int) -> Backend:
@@ -133,8 +138,18 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
         pos += w.nbytes
     cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
     bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
+    rules = overrides.parse(cp.override_tensor, cp.cpu_moe, cp.n_cpu_moe,
+                            [*(b.buft.name for b in [*devs.gpus, *devs.accels]), devs.cpu_buft.name])
+    model.override_rules = rules
 
     def buf_of(w: WeightInfo, d: int) -> str:
+        rule = overrides.match(rules, w.name) if rules else None
+        if rule is not None:
+            name, logged = _override_buft(w, rule.buft, devs, cp.use_mmap, bufts)
+            if all(o.tensor != w.name for o in model.tensor_overrides):
+                model.tensor_overrides.append(overrides.TensorOverride(w.name, w.type.lower, logged, w.nbytes,
+                                                                       rule.pattern))
+            return name
         if d >= 0:
             b = devs.gpus[d].buft
             bufts[b.name] = b
@@ -187,6 +202,34 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
     return model
 
 
+def _override_buft(w: WeightInfo, buft_name: str, devs: DeviceSet, use_mmap: bool,
+                   bufts: dict[str, BufferType]) -> tuple[str, str]:
+    """(buffer name, logged buft) of a weight an override sends to ``buft_name`` (llama_model::load_tensors).
+
+    A device buft is used as is. ``CPU`` goes through llama's CPU buft list (make_cpu_buft_list):
+    ACCEL bufts other than the CPU's, the first GPU's host buft, the repack buft when it runs the
+    weight's op, the CPU buft; with mmap a device's host buft is replaced by the CPU buft.
+    """
+    cpu_name = "CPU_Mapped" if use_mmap else devs.cpu_buft.name
+    if buft_name != overrides.CPU_BUFT:
+        b = next(x.buft for x in [*devs.gpus, *devs.accels] if x.buft.name == buft_name)
+        bufts[b.name] = b
+        return b.name, b.name
+    for a in devs.accels:
+        if a.buft is not devs.cpu_buft and a.supports_op(Tensor(w.type, w.ne)):
+            bufts[a.buft.name] = a.buft
+            return a.buft.name, a.buft.name
+    host = next((g.host_buft for g in devs.gpus if g.host_buft is not None), None)
+    if host is not None:
+        if use_mmap:
+            return cpu_name, host.name
+        bufts[host.name] = host
+        return host.name, host.name
+    if repack_supported(w):
+        return "CPU_REPACK", "CPU_REPACK"
+    return cpu_name, devs.cpu_buft.name
+
+
 @dataclass
 class KVCache:
     """``llama_kv_cache``: one K and one V tensor per layer it holds, in per-device buffers.
@@ -221,12 +264,14 @@ def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> No
     """The checks llama_init_from_model makes before creating a context."""
     for which, t, head in (("K", rp.type_k, hp.n_embd_head), ("V", rp.type_v, hp.n_embd_head)):
         if t.is_quantized and head % t.blck_size:
-            raise ValueError(
-                f"{which} cache type {t.lower} with block size {t.blck_size} does not divide "
-                f"n_embd_head_{which.lower()}={head}"
-            )
+            raise ParameterError(
+                f"type_{which.lower()}", t.lower, f"a type whose block size divides n_embd_head_{which.lower()}={head}",
+                f"block size {t.blck_size}", llama_text=f"{which} cache type {t.lower} with block size "
+                f"{t.blck_size} does not divide n_embd_head_{which.lower()}={head}")
     if rp.type_v.is_quantized and not flash_attn:
-        raise ValueError(f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
+        raise ParameterError("type_v", rp.type_v.lower, "a non-quantized type unless flash_attn is on",
+                             "V cache quantization requires flash_attn",
+                             llama_text=f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
 
 
 def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool,

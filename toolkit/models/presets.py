@@ -11,8 +11,10 @@ import math
 
 import numpy as np
 
+from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
 from toolkit.models.hparams import LlamaHParams
+from toolkit.models.moe import MoEParams
 
 
 def llama3_rope_freqs(head_dim: int, base: float = 500000.0, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -127,13 +129,41 @@ PRESET_LABELS: dict[str, str] = {
     "Llama-3.1-8B": "llama3_1_8b", "Llama-3.2-1B": "llama3_2_1b", "Qwen3-8B": "qwen3_8b",
     "Gemma-3-12B": "gemma3_12b", "Gemma-3-27B": "gemma3_27b",
 }
-assert set(PRESET_LABELS.values()) == set(PRESETS)
 
 
 def get(name: str) -> LlamaHParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
-    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``)."""
+    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``)."""
     try:
         return PRESETS[name]()
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}") from None
+        raise ParameterError("model", name, "a preset name (" + ", ".join(PRESETS) + ") or a GGUF path",
+                             "unknown model preset") from None
+
+
+def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Mixtral-8x7B-shaped (``llama`` with experts): 32 layers, n_embd 4096, 32 heads (8 KV), 8 experts of
+    n_ff 14336, 2 used per token, vocab 32000, rope base 1e6 (the router stays F32)."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000,
+                        n_ctx_train=32768, rope_freq_base=1000000.0, dtype=t, name=f"mixtral-8x7b_{t.lower}",
+                        moe=MoEParams(n_expert=8, n_expert_used=2))
+
+
+PRESETS["mixtral_8x7b"] = mixtral_8x7b
+
+
+def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+    """Qwen3-30B-A3B-shaped (``qwen3moe``): 48 layers, n_embd 2048, 32 heads (4 KV) of 128, QK-norm,
+    128 experts of n_ff 768 with 8 used per token, vocab 151936, rope base 1e6."""
+    t = GGMLType.parse(dtype)
+    return LlamaHParams(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, n_vocab=151936,
+                        n_ctx_train=40960, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
+                        arch="qwen3moe", name=f"qwen3-30b-a3b_{t.lower}",
+                        moe=MoEParams(n_expert=128, n_expert_used=8, n_ff_exp=768))
+
+
+PRESETS["qwen3_30b_a3b"] = qwen3_30b_a3b
+
+PRESET_LABELS.update({"Mixtral-8x7B": "mixtral_8x7b", "Qwen3-30B-A3B": "qwen3_30b_a3b"})
+assert set(PRESET_LABELS.values()) == set(PRESETS)

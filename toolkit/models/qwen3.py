@@ -43,7 +43,8 @@ class Qwen3GraphBuilder(GraphBuilder):
             cur = self.build_norm(res, ffn_inp, m.w(p + "ffn_norm.weight"), il)
             cb(res, cur, "ffn_norm", il)
             cur = self.ffn(res, il, cur)
-            cb(res, cur, "ffn_out", il)
+            if hp.moe is None:  # build_moe_ffn's result keeps its name, ffn_moe_out
+                cb(res, cur, "ffn_out", il)
             cur = cb(res, ops.add(cur, ffn_inp), "l_out", il)
             inpL = cur
         return inpL

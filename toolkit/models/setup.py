@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
+from toolkit.models import overrides
 from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
@@ -114,20 +115,22 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
     with async compute and events (the last check is the one ``force_pipeline_parallel`` skips, like
     the oracle's ORACLE_FORCE_PP)."""
     caps = all(b.caps_async and b.caps_events for b in [*devs.gpus, *devs.accels])
+    # llama_model::has_tensor_overrides: any -ot / --cpu-moe / --n-cpu-moe item, matched or not
+    overridden = bool(cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe > 0)
     check: dict[str, object] = {
         "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
-        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": False,
+        "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": overridden,
         "caps_async_events": caps, "force": cp.force_pipeline_parallel,
     }
     ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer and cp.split_mode == "layer" and cp.offload_kqv
-          and (caps or cp.force_pipeline_parallel))
+          and not overridden and (caps or cp.force_pipeline_parallel))
     check["pipeline_parallel"] = ok
     return ok, check
 
 
 def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = None,
           devs: DeviceSet | None = None) -> LlamaSetup:
-    """Load the model onto devices and create the memory, raising ValueError where llama.cpp refuses.
+    """Load the model onto devices and create the memory, raising ToolkitError where llama.cpp refuses.
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
@@ -140,7 +143,13 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     model = load_model(hp, cp, devs)
     kv, kv_swa, warnings = make_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa,
                                        swa_full=cp.swa_full, unified=cp.kv_unified)
+    if rp.n_ctx_seq > hp.n_ctx_train:
+        # llama_context's constructor warns and goes on
+        warnings = [f"llama_context: n_ctx_seq ({rp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- "
+                    "possible training context overflow", *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
+    # llama_model_loader warns before the memory is created
+    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
     return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
 
 

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from toolkit.compare import compare, default_pair
+from toolkit.errors import ToolkitError
 from toolkit.reuse import ReserveEvent
 from toolkit.ui import figures, text
 from toolkit.ui.layers import Collapse
@@ -127,8 +128,9 @@ def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source
         title = str(case.get("id", f"case {k}"))
         try:
             sections.append(section_of(context_from_case(case), title))
-        except ValueError as e:
-            sections.append(Section(f"{title}: {e}", (), tuple((str(a), str(b)) for a, b in case["cparams"].items())))
+        except ToolkitError as e:   # refused as llama.cpp refuses it (plan_case's text)
+            why = e.llama_text or str(e)
+            sections.append(Section(f"{title}: {why}", (), tuple((str(a), str(b)) for a, b in case["cparams"].items())))
     return save_html(path, sections, title=f"toolkit plan {source}".strip(), meta={"cases": str(len(cases))})
 
 

@@ -1,0 +1,79 @@
+"""Fit cases in the schema of the oracle's ``fit-cases.json``: ``{id, model, inputs, fit?, run?}``.
+
+:func:`fit_case` runs what the case ran: ``llama-fit-params`` with ``inputs.cli_args`` against
+devices whose free memory comes from ``inputs`` (the exact bytes in ``server_env``, else
+``server_free_mib``). A server started without a limit reported the host's physical memory,
+which a case records only in the breakdown table it printed; that value is read from there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from toolkit.errors import ToolkitError, UnsupportedFeature
+from toolkit.fit.impl import fit_params, fit_print
+from toolkit.fit.real import real_run
+from toolkit.memory import MiB, device_memory
+from toolkit.models.args import model_from_dict, parse_args
+
+_TABLE_ROW = re.compile(r"\|\s+- (\S+) \(.*?\)\s*\|\s*(\d+) = (\d+) \+")
+
+
+def memory_from_inputs(case: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(free, total) bytes per RPC server of a fit case."""
+    inp = case["inputs"]
+    reported = [(int(m.group(3)) << 20, int(m.group(2)) << 20)
+                for line in case.get("fit", {}).get("fit_log_lines", ()) if (m := _TABLE_ROW.search(line))]
+    out: list[tuple[int, int]] = []
+    for i, env in enumerate(inp.get("server_env") or [{}] * len(inp.get("server_free_mib", ()))):
+        free_mib = (inp.get("server_free_mib") or [None] * (i + 1))[i]
+        if env.get("ORACLE_RPC_FREE_BYTES"):
+            free = int(env["ORACLE_RPC_FREE_BYTES"])
+            out.append((free, int(env.get("ORACLE_RPC_TOTAL_BYTES", free))))
+        elif free_mib is not None:
+            out.append((int(free_mib * MiB), int((inp.get("server_total_mib") or [free_mib] * (i + 1))[i] * MiB)))
+        elif i < len(reported):
+            out.append(reported[i])
+        else:
+            raise ToolkitError(f"case {case.get('id')!r}: no memory for RPC server {i}")
+    return out
+
+
+def printed_fields(printed: str) -> dict[str, Any] | None:
+    """``fit.fitted``: the printed line parsed into c, ngl, ts and ot (as printed)."""
+    if not printed:
+        return None
+    m = re.fullmatch(r'-c (\d+) -ngl (-?\d+)(?: -ts (\S+))?(?: -ot "(.*)")?', printed)
+    if not m:
+        return None
+    return {"c": int(m.group(1)), "ngl": int(m.group(2)), "ts": m.group(3), "ot": m.group(4)}
+
+
+def fit_case(case: Mapping[str, Any], *, real: bool = True) -> dict[str, Any]:
+    """Fit one case; ``{"id", "printed", "fitted", "probes", "log_lines", …}`` or ``{"id", "error"}``."""
+    cid = case.get("id")
+    try:
+        hp = model_from_dict(case["model"])
+        args = parse_args([str(a) for a in case["inputs"]["cli_args"]])
+        mem = device_memory(args, memory_from_inputs(case))
+        if args.fit_print:
+            fp = fit_print(hp, args, mem)
+            return {"id": cid, "status": "success", "printed": fp.printed, "fitted": None,
+                    "probes": [fp.probe.to_dict()], "log_lines": list(fp.log_lines)}
+        r = fit_params(hp, args, mem)
+        out: dict[str, Any] = {"id": cid, **r.to_dict(), "fitted": printed_fields(r.printed),
+                               "fitted_in_process": r.fitted.to_dict()}
+        if real:
+            out["real"] = real_run(hp, args, r).to_dict()
+            if r.status == "success" and len(mem) > 1:
+                out["real_fit_on"] = real_run(hp, args, r, in_process=True).to_dict()
+        return out
+    except UnsupportedFeature as e:
+        return {"id": cid, "error": str(e), "unsupported": e.feature}
+    except ToolkitError as e:
+        return {"id": cid, "error": str(e)}
+
+
+__all__ = ["fit_case", "memory_from_inputs", "printed_fields"]

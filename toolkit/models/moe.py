@@ -1,0 +1,278 @@
+"""Mixture-of-experts FFN: llama.cpp's ``llm_graph_context::build_moe_ffn``, node for node, and its parameters.
+
+A Mixtral-style ``llama`` model (``expert_count > 0``) and ``qwen3moe`` replace the dense FFN of
+every layer by a router and ``n_expert`` expert FFNs stored as 3-D tensors:
+
+- ``ffn_gate_inp`` ``[n_embd, n_expert]`` (the router, always F32: llama-quantize skips it);
+- ``ffn_gate_exps`` / ``ffn_up_exps`` ``[n_embd, n_ff_exp, n_expert]``, ``ffn_down_exps``
+  ``[n_ff_exp, n_embd, n_expert]``, consumed by MUL_MAT_ID (so their buffer type is chosen for
+  MUL_MAT_ID, ``llm_tensor_info_mapping``).
+
+The graph (softmax gating, weights normalised, no biases, separate gate and up)::
+
+    ffn_moe_logits (MUL_MAT) → ffn_moe_probs (SOFT_MAX) → ffn_moe_argsort (ARGSORT) → ffn_moe_topk (VIEW)
+    ffn_moe_weights (GET_ROWS of probs as [1, n_expert, T]) → RESHAPE → ffn_moe_weights_sum (SUM_ROWS)
+      → ffn_moe_weights_sum_clamped (CLAMP) → ffn_moe_weights_norm (DIV) → RESHAPE [1, k, T]
+    ffn_moe_up, ffn_moe_gate (MUL_MAT_ID) → ffn_moe_swiglu → ffn_moe_down (MUL_MAT_ID) → ffn_moe_weighted (MUL)
+    k VIEWs [n_embd, T], then k-1 ADDs, the last named ffn_moe_out (k = 1: a CONT)
+
+That is 16 + 2k graph nodes where the dense FFN has 4.
+
+>>> p = MoEParams(n_expert=8, n_expert_used=2)
+>>> p.nodes_per_layer, [s for s, *_ in layer_tensors(p, n_embd=64, n_ff=128)]
+(20, ['ffn_gate_inp', 'ffn_gate_exps', 'ffn_down_exps', 'ffn_up_exps'])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolkit.errors import UnsupportedFeature
+from toolkit.ggml import ops
+from toolkit.ggml.graph import Graph
+from toolkit.ggml.tensor import Tensor
+
+if TYPE_CHECKING:
+    from toolkit.sched.plan import Plan
+
+# build_moe_ffn clamps the sum of the selected weights from below before dividing by it
+WEIGHTS_SUM_MIN = 6.103515625e-5
+# llama.cpp's LLAMA_MAX_EXPERTS
+MAX_EXPERTS = 512
+
+Callback = Callable[[Tensor, str, int], Tensor]
+
+
+@dataclass(frozen=True)
+class MoEParams:
+    """The MoE hyperparameters llama.cpp reads (``llama_hparams``): ``n_expert``, ``n_expert_used``,
+    ``n_ff_exp`` (``expert_feed_forward_length``; 0 means ``n_ff``, as Mixtral GGUFs omit it),
+    ``expert_weights_scale`` (0 or 1: no scale node; a model dict may set it, llama and qwen3moe files
+    leave it 0) and the gating function."""
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int = 0
+    weights_scale: float = 0.0
+    gating: str = "softmax"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n_expert, int) or not 0 < self.n_expert <= MAX_EXPERTS:
+            raise ValueError(f"n_expert={self.n_expert!r} must be in 1..{MAX_EXPERTS}")
+        if not isinstance(self.n_expert_used, int) or not 0 < self.n_expert_used <= self.n_expert:
+            raise ValueError(f"n_expert_used={self.n_expert_used!r} must be in 1..n_expert={self.n_expert}")
+        if not isinstance(self.n_ff_exp, int) or self.n_ff_exp < 0:
+            raise ValueError(f"n_ff_exp={self.n_ff_exp!r} must be an integer >= 0")
+        if self.gating != "softmax":
+            raise UnsupportedFeature(f"expert gating {self.gating}",
+                                     f"expert gating function {self.gating!r} is not implemented (softmax is)")
+
+    @property
+    def nodes_per_layer(self) -> int:
+        """Graph nodes of one MoE FFN: 16 + 2k (k = 1: a CONT instead of the ADDs, 19), +1 with a scale node."""
+        k = self.n_expert_used
+        return 16 + 2 * k + (1 if k == 1 else 0) + (1 if self.scales_weights else 0)
+
+    @property
+    def scales_weights(self) -> bool:
+        """build_moe_ffn adds ``ffn_moe_weights_scaled`` only for a scale other than 0 and 1."""
+        return self.weights_scale not in (0.0, 1.0)
+
+    def ff(self, n_ff: int) -> int:
+        return self.n_ff_exp or n_ff
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_expert": self.n_expert, "n_expert_used": self.n_expert_used, "n_ff_exp": self.n_ff_exp,
+                "expert_weights_scale": self.weights_scale, "expert_gating": self.gating}
+
+
+def layer_tensors(p: MoEParams, n_embd: int, n_ff: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    """Per layer, in GGUF write order: (suffix, ne, consuming op, is the F32 router)."""
+    f = p.ff(n_ff)
+    x = p.n_expert
+    return [
+        ("ffn_gate_inp", (n_embd, x), "MUL_MAT", True),
+        ("ffn_gate_exps", (n_embd, f, x), "MUL_MAT_ID", False),
+        ("ffn_down_exps", (f, n_embd, x), "MUL_MAT_ID", False),
+        ("ffn_up_exps", (n_embd, f, x), "MUL_MAT_ID", False),
+    ]
+
+
+def from_dict(d: Mapping[str, Any]) -> MoEParams | None:
+    """From a model description (the oracle's ``model`` dict): None for a dense model."""
+    n = int(d.get("n_expert", 0) or 0)
+    if n <= 0:
+        return None
+    return MoEParams(n_expert=n, n_expert_used=int(d.get("n_expert_used", 0) or 0),
+                     n_ff_exp=int(d.get("n_ff_exp", 0) or 0),
+                     weights_scale=float(d.get("expert_weights_scale", 0.0) or 0.0),
+                     gating=str(d.get("expert_gating", "softmax")))
+
+
+# GGUF keys of MoE variants build_moe_ffn's plain path does not cover
+_UNSUPPORTED_KEYS = {
+    "expert_shared_count": "shared experts",
+    "leading_dense_block_count": "leading dense blocks",
+    "expert_group_count": "expert groups",
+}
+_UNSUPPORTED_TENSORS = {
+    "_shexp": "shared experts", "ffn_gate_up_exps": "merged gate/up experts", "exp_probs_b": "expert selection bias",
+    "_chexps": "chunked experts", "ffn_gate_inp.bias": "router bias", "exps.bias": "expert biases",
+}
+
+
+def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> MoEParams | None:
+    """The MoE keys of a GGUF (``<arch>.expert_count`` & co.) through ``get(key) -> value | None``.
+
+    Variants this toolkit does not build (shared experts, expert groups, merged gate/up, biases) are
+    refused with :class:`UnsupportedFeature` naming the feature.
+    """
+    n = int(get(f"{arch}.expert_count") or 0)
+    if n <= 0:
+        return None
+    for key, feature in _UNSUPPORTED_KEYS.items():
+        v = get(f"{arch}.{key}")
+        if v:
+            raise UnsupportedFeature(feature, f"GGUF key {arch}.{key}={v}: {feature} are not implemented")
+    for name in tensor_names:
+        for frag, feature in _UNSUPPORTED_TENSORS.items():
+            if frag in name:
+                raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
+    # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
+    # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
+    return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
+                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0))
+
+
+def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
+                  down_exps: Tensor, p: MoEParams, il: int) -> Tensor:
+    """``build_moe_ffn(cur, gate_inp, up_exps, gate_exps, down_exps, …, LLM_FFN_SILU, norm_w=true,
+    expert_weights_scale, SOFTMAX, il)`` for ``cur`` ``[n_embd, n_tokens]``; returns ``ffn_moe_out``."""
+    n_embd, n_tokens = cur.ne[0], cur.ne[1]
+    n_expert, k = p.n_expert, p.n_expert_used
+    logits = cb(ops.mul_mat(gate_inp, cur), "ffn_moe_logits", il)          # [n_expert, n_tokens]
+    probs = cb(ops.soft_max(logits), "ffn_moe_probs", il)
+    selected = ops.argsort_top_k(probs, k)                                   # [k, n_tokens] view of the ARGSORT
+    src = selected.src[0]
+    assert src is not None
+    cb(src, "ffn_moe_argsort", il)
+    cb(selected, "ffn_moe_topk", il)
+    weights = ops.get_rows(ops.reshape_3d(probs, 1, n_expert, n_tokens), selected)  # [1, k, n_tokens]
+    cb(weights, "ffn_moe_weights", il)
+    # norm_w: divide by the (clamped) sum of the selected probabilities
+    weights = ops.reshape_2d(weights, k, n_tokens)
+    wsum = cb(ops.sum_rows(weights), "ffn_moe_weights_sum", il)
+    wsum = cb(ops.clamp(wsum, WEIGHTS_SUM_MIN, math.inf), "ffn_moe_weights_sum_clamped", il)
+    weights = cb(ops.div(weights, wsum), "ffn_moe_weights_norm", il)
+    weights = ops.reshape_3d(weights, 1, k, n_tokens)
+    if p.scales_weights:
+        weights = cb(ops.scale(weights, p.weights_scale), "ffn_moe_weights_scaled", il)
+    gf.build_forward_expand(weights)
+    cur = ops.reshape_3d(cur, n_embd, 1, n_tokens)
+    up = cb(ops.mul_mat_id(up_exps, cur, selected), "ffn_moe_up", il)        # [n_ff_exp, k, n_tokens]
+    gate = cb(ops.mul_mat_id(gate_exps, cur, selected), "ffn_moe_gate", il)
+    act = cb(ops.swiglu_split(gate, up), "ffn_moe_swiglu", il)
+    experts = cb(ops.mul_mat_id(down_exps, act, selected), "ffn_moe_down", il)  # [n_embd, k, n_tokens]
+    experts = cb(ops.mul(experts, weights), "ffn_moe_weighted", il)
+    # order the views before the adds
+    views = [ops.view_2d(experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]) for i in range(k)]
+    for v in views:
+        gf.build_forward_expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = ops.add(out, v)
+    if k == 1:
+        out = ops.cont(out)  # avoid returning a non-contiguous tensor
+    return cb(out, "ffn_moe_out", il)
+
+
+@dataclass(frozen=True)
+class ExpertCopy:
+    """An expert tensor that a split copies whole into its backend's compute buffer (a split input).
+
+    ``nbytes`` is the tensor's size, ``alloc_bytes`` what the copy takes in the compute buffer
+    (``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows), 0 when the plan holds no allocation.
+    """
+
+    split: int
+    backend: str
+    tensor: str
+    nbytes: int
+    alloc_bytes: int
+
+
+def expert_copies(plan: Plan) -> list[ExpertCopy]:
+    """Per split, the weights copied in as inputs for a MUL_MAT_ID (expert tensors moved by op offload
+    or left on another device) — the bytes a CPU-experts setup adds to an accelerator's compute buffer."""
+    sizes = {a.name: a.size for a in plan.allocs}
+    out: list[ExpertCopy] = []
+    for sp in plan.splits:
+        users = {n.srcs[0] for n in plan.nodes if n.split == sp.index and n.op == "MUL_MAT_ID" and n.srcs}
+        for inp in sp.inputs:
+            if not inp.is_weight:
+                continue
+            copy = next((u for u in users if u.startswith(f"{sp.backend}#{inp.name}#")), None)
+            if copy is not None:
+                out.append(ExpertCopy(sp.index, sp.backend, inp.name, inp.nbytes, sizes.get(copy, 0)))
+    return out
+
+
+def expert_copies_text(copies: list[ExpertCopy]) -> str:
+    """One line per copied expert tensor, with the split and both sizes."""
+    if not copies:
+        return "no expert tensor is copied"
+    return "\n".join(f"split #{c.split:<3d} {c.backend:<24s} {c.tensor:<28s} {c.nbytes:>12d} bytes "
+                     f"(buffer {c.alloc_bytes})" for c in copies)
+
+
+# ---- sched_copy_experts: what a copy of host experts really transfers --------------------------------
+
+def used_expert_ranges(ids: Iterable[int], n_expert: int) -> list[tuple[int, int]]:
+    """The experts a MUL_MAT_ID's ids select, as ``[first, last]`` runs of consecutive ids (llama's
+    ``sched_copy_experts`` groups consecutive experts and copies each run at once).
+
+    >>> used_expert_ranges([5, 1, 2, 1, 7], 8)
+    [(1, 2), (5, 5), (7, 7)]
+    """
+    used = sorted({int(i) for i in ids})
+    if used and (used[0] < 0 or used[-1] >= n_expert):
+        raise ValueError(f"expert id out of range 0..{n_expert - 1}: {used}")
+    runs: list[tuple[int, int]] = []
+    for i in used:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def expert_copy_bytes(runs: Sequence[tuple[int, int]], expert_size: int, n_expert: int) -> int:
+    """Bytes ``sched_copy_experts`` moves for these runs: each run's experts, plus
+    ``min(expert_size, 512)`` bytes past a run that does not end at the last expert (so CUDA's MMQ
+    reads no NaNs from the padding of the last expert copied).
+
+    >>> expert_copy_bytes([(1, 2), (7, 7)], 1000, 8)
+    3512
+    """
+    pad = min(expert_size, 512)
+    return sum((last - first + 1) * expert_size + (pad if last < n_expert - 1 else 0) for first, last in runs)
+
+
+@dataclass(frozen=True)
+class ExpertTransfer:
+    """One host expert tensor copied for a split: the buffer holds all of it, the copy moves only the
+    experts the router chose."""
+
+    split: int
+    tensor: str
+    buffer_bytes: int        # the split input's size: the whole expert tensor
+    transfer_bytes: int      # what sched_copy_experts moved
+    experts: tuple[int, ...]
+    runs: tuple[tuple[int, int], ...]
+
+    def to_text(self) -> str:
+        return (f"split #{self.split:<3d} {self.tensor:<28s} buffer {self.buffer_bytes:>10d} B  "
+                f"transfer {self.transfer_bytes:>10d} B  experts {list(self.experts)}")
