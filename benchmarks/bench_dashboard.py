@@ -53,7 +53,13 @@ def main() -> None:
     ap.add_argument("--model", default="llama3_8b")
     ap.add_argument("--devices", default="cpu", help="cpu, rpc:N, sim:N")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--profile", metavar="HTML", help="also write a pyinstrument flame graph of the measured changes")
     args = ap.parse_args()
+    profiler = None
+    if args.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005)
 
     t0 = time.perf_counter()
     ctx = make_context(args.model, args.devices)
@@ -64,6 +70,8 @@ def main() -> None:
     print(f"model {ctx.hparams.name} on {args.devices}: {ev.n_nodes_pp} nodes (pp), {ev.n_splits_pp} splits, "
           f"max_nodes {held}; context + dashboard {setup_ms:.0f} ms")
 
+    if profiler is not None:
+        profiler.start()
     reuse = measure(dash, "max_nodes", [str(held - 1 - (i % 2)) for i in range(args.repeats)], "reused")
     dash.controls["max_nodes"].value = "auto"   # back to the held size (reused)
     flags = [i % 2 == 1 for i in range(args.repeats)]   # op offload off, on, off, ...
@@ -73,6 +81,16 @@ def main() -> None:
           f"   (median of {args.repeats})")
     print(row("reuse", reuse))
     print(row("rebuild", rebuild))
+    # targets: control -> figures <= 150 ms (reuse) / <= 250 ms (rebuild) for 8B, <= 400 ms for 70B on sim:2
+    med = {k: statistics.median(x[0] for x in xs) for k, xs in (("reuse", reuse), ("rebuild", rebuild))}
+    draw = {k: statistics.median(x[3] for x in xs) for k, xs in (("reuse", reuse), ("rebuild", rebuild))}
+    goal = (400, 400) if "70b" in args.model.lower() else (150, 250)
+    print(f"target ({args.model}): total reuse {med['reuse']:.0f} ms / {goal[0]} ms, rebuild {med['rebuild']:.0f} ms "
+          f"/ {goal[1]} ms; of which drawing {draw['reuse']:.0f} / {draw['rebuild']:.0f} ms")
+    if profiler is not None:
+        profiler.stop()
+        Path(args.profile).write_text(profiler.output_html())
+        print(f"flame graph: {args.profile}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_figures_draw_a_real_context(tiny_events: list[Any]) -> None:
     assert any("lower bound" in a.text for a in ml.layout.annotations) == any(
         b.lower_bound is not None for b in plan.buffers)
     tl = figures.timeline(evs)
-    assert sum(len(t.x) for t in tl.data if t.mode == "markers") == len(evs)
+    assert sum(len(t.x) for t in tl.data if t.mode.startswith("markers")) == len(evs)
     # reuse keeps the larger buffer: a reused event's allocated bytes never drop below the previous
     for a, b in zip(evs, evs[1:]):
         if b.decision == "reused":
@@ -135,7 +135,7 @@ def test_compile_and_run_buttons_use_the_jax_runtime() -> None:
         dash.compile_button.click()
     assert dash.runtime.value.startswith("compile took") and "split(s) compiled" in dash.runtime.value
     assert dash.ctx.compile_events[-1].reserve_index == dash.ctx.events[-1].index   # a CompileEvent ...
-    hover = [h for t in dash.figures["timeline"].data if t.mode == "markers" for h in (t.hovertext or ())]
+    hover = [h for t in dash.figures["timeline"].data if t.mode.startswith("markers") for h in (t.hovertext or ())]
     assert any("XLA compile:" in h for h in hover)            # ... and shown on the timeline
     dash.tokens.value = "1, 2, 3"
     dash.run_button.click()

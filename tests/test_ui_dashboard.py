@@ -1,8 +1,8 @@
 """The dashboard driven headless: control changes -> ctx.update -> badge and figures.
 
-``StubContext`` stands in for toolkit.context.Context with the same surface (cparams, hparams,
-events, scheduler, update) so the widget plumbing is tested on its own; the same checks run on
-a real Context in test_ui_context.py.
+``StubContext`` stands in for toolkit.context.Context with the same surface (the real
+ContextParams as cparams, hparams, events, scheduler, update) so the widget plumbing is tested
+on its own; the same checks run on a real Context in test_ui_context.py.
 """
 
 from __future__ import annotations
@@ -17,22 +17,11 @@ import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from toolkit.models.cparams import ContextParams
 from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
 
 MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class StubCParams:
-    n_ctx: int = 512
-    n_batch: int = 512
-    n_ubatch: int = 128
-    flash_attn: str = "auto"
-    n_gpu_layers: int = 3
-    op_offload: bool = True
-    pipeline_parallel: bool = False
-    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,8 +45,9 @@ class StubContext:
     compile_events: list[Any] = []
     n_copies = 1
 
-    def __init__(self) -> None:
-        self.cparams = StubCParams()
+    def __init__(self, pipeline_parallel: bool = False) -> None:
+        self.cparams = ContextParams(n_ctx=512, n_batch=512, n_ubatch=128, n_gpu_layers=3)
+        self.pipeline_parallel = pipeline_parallel    # decided by the context, as Context does
         self.hparams = StubHParams()
         self.max_nodes_override: int | None = None
         self.events: list[ReserveEvent] = []
@@ -86,19 +76,20 @@ class StubContext:
 
     def update(self, **changes: Any) -> ReserveEvent:
         self.update_calls.append(changes)
-        cp = {("pipeline_parallel" if k == "parallel" else k): v for k, v in changes.items() if k != "max_nodes"}
-        new = replace(self.cparams, **cp)
+        cp = {k: v for k, v in changes.items() if k not in ("max_nodes", "parallel")}
+        new = self.cparams.replace(**cp)
         mn = changes.get("max_nodes", self.max_nodes_override)
         if new.n_ubatch > new.n_batch:
             raise ValueError(f"n_ubatch {new.n_ubatch} > n_batch {new.n_batch}")
         if mn is not None and mn < self.N_NODES:
             raise ValueError(f"max_nodes {mn} < graph nodes {self.N_NODES}")
         self.cparams, self.max_nodes_override = new, mn
+        self.pipeline_parallel = changes.get("parallel", self.pipeline_parallel)
         return self.sched_reserve(trigger=", ".join(f"{k}={v}" for k, v in changes.items()))
 
     def sched_reserve(self, trigger: str = "") -> ReserveEvent:
         mn = self.max_nodes_override or max(1024, 8 * self.N_TENSORS)
-        p = SchedParams(mn, self.cparams.pipeline_parallel, self.cparams.op_offload)
+        p = SchedParams(mn, self.pipeline_parallel, self.cparams.op_offload)
         prev = self.cur
         need = self.cparams.n_ubatch * self.cparams.n_ctx * 4
         if self.scheduler is not None and prev is not None and p.can_reuse(prev):
@@ -310,3 +301,28 @@ def test_widget_state_follows_the_figures_without_resending() -> None:
     assert len(fw._widget_data) == len(fw.data) > 0
     assert fw._widget_layout["meta"]["event"] == ctx.events[-1].index
     assert "_widget_data" not in sent and "_widget_layout" not in sent   # the views got plotly's edits
+
+
+def test_initial_parallel_checkbox_is_what_the_context_runs_with() -> None:
+    ctx = StubContext(pipeline_parallel=True)
+    dash = Dashboard(ctx, debounce_s=0)
+    assert dash.controls["parallel"].value is True
+    # a refused change reverts to the accepted state, which must hold the context's parallel flag
+    dash.apply(parallel=False, max_nodes="12")
+    assert dash.error is not None and "max_nodes 12" in dash.error
+    assert dash.controls["parallel"].value is True and ctx.pipeline_parallel is True
+
+
+def test_compare_view_follows_previous_and_newest() -> None:
+    ctx, dash = make_dashboard()
+    assert dash.diff is None and dash.compare_box.layout.display == "none"   # closed: not drawn
+    dash.controls["op_offload"].value = False
+    diff = dash.compare()
+    assert diff is not None and (diff.a, diff.b) == (0, 1)
+    assert diff.params == (("op_offload", True, False),)
+    assert "data-decision='rebuilt'" in dash.compare_html.value and dash.compare_box.layout.display == "flex"
+    dash.controls["n_ctx"].value = 1024                                   # follows the newest pair
+    assert dash.diff is not None and (dash.diff.a, dash.diff.b) == (1, 2)
+    dash.compare(0, 2)                                                    # a pick sticks
+    dash.controls["n_ctx"].value = 2048
+    assert dash.diff is not None and (dash.diff.a, dash.diff.b) == (0, 2)

@@ -6,6 +6,8 @@
   ``--rpc HOST:PORT`` (memory of servers with ``--device-memory``);
 - ``plan --cases FILE.json [--json]``: per case, what llama.cpp prints (graph nodes and splits,
   compute/KV/model/output buffers, n_copies, pipeline parallelism), as log lines or a JSON list;
+  either form takes ``--html FILE``: also one self-contained HTML report (figures, event log,
+  parameters; ``toolkit.ui.share``);
 - ``fit -m MODEL [llama.cpp flags] [--fit-target MiB] [--fit-ctx N] [--fit-print on] [--exact]
   [--json]``: what ``llama-fit-params`` prints (its log on stderr), then, beyond llama.cpp, the
   real buffers of the printed parameters against the estimate; ``fit --cases FILE --json``: a
@@ -82,7 +84,7 @@ def _split_items(part: str) -> list[str]:
     return [i.strip() for i in items if i.strip()]
 
 
-_TOOL_OPTS = {"--cases": True, "--json": False, "--exact": False, "--no-real": False}
+_TOOL_OPTS = {"--cases": True, "--json": False, "--exact": False, "--no-real": False, "--html": True}
 
 
 def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
@@ -116,7 +118,12 @@ def cmd_plan(argv: Sequence[str]) -> int:
     from toolkit.models.cases import load_cases, log_lines
     opts, rest = split_tool_options(argv)
     if "cases" not in opts:
-        r = plan_args(parse_args(rest, env=os.environ))
+        made: list[Any] = []
+        r = plan_args(parse_args(rest, env=os.environ), contexts=made)
+        if opts.get("html") and made:   # one self-contained HTML report (toolkit.ui.share, plotly)
+            share = importlib.import_module("toolkit.ui.share")
+            share.save_html(opts["html"], [share.section_of(made[0], str(r.get("id")))],
+                            title=f"toolkit plan {' '.join(rest)}")
         if opts.get("json"):
             json.dump(r, sys.stdout, indent=1)
             sys.stdout.write("\n")
@@ -125,7 +132,10 @@ def cmd_plan(argv: Sequence[str]) -> int:
         return 0 if "error" not in r else 1
     if rest:
         raise ParameterError("plan --cases", " ".join(rest), "no llama.cpp flags (each case brings its own)")
-    results = [plan_case(c) for c in load_cases(opts["cases"])]
+    cases = load_cases(opts["cases"])
+    results = [plan_case(c) for c in cases]
+    if opts.get("html"):   # one self-contained HTML report (toolkit.ui.share, plotly)
+        importlib.import_module("toolkit.ui.share").save_cases_html(opts["html"], cases, source=str(opts["cases"]))
     if opts.get("json"):
         json.dump(results, sys.stdout, indent=1)
         sys.stdout.write("\n")

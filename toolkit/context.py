@@ -327,7 +327,8 @@ class Context:
         Bad input raises a :class:`~toolkit.errors.ToolkitError` naming the value and the limit; the
         context, its scheduler and its buffers stay as they were (an "error" event records the attempt).
         """
-        trigger = "; ".join(f"{k} {self._current(k)} -> {v}" for k, v in changes.items()) or "sched_reserve"
+        trigger = "; ".join(f"{k} {self._current(k)} -> {self._shown(k, v)}" for k, v in changes.items()) \
+            or "sched_reserve"
         return self.holder.update(self, trigger, lambda: self._apply(changes, trigger))
 
     def _apply(self, changes: Mapping[str, Any], trigger: str) -> ReserveEvent:
@@ -374,6 +375,13 @@ class Context:
         self.graph_reserve(n_tokens, rp.n_seq_max, n_out)
         self.graph_reserve(rp.n_seq_max, rp.n_seq_max, rp.n_seq_max)
         self.graph_reserve(n_tokens, rp.n_seq_max, n_out)
+
+    def _shown(self, key: str, value: Any) -> Any:
+        """A change as the trigger shows it: max_nodes=None is llama.cpp's graph_max_nodes, "auto (N)"."""
+        if key == "max_nodes" and value is None:
+            rp = self.setup.resolved
+            return f"auto ({graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))})"
+        return value
 
     def _current(self, key: str) -> Any:
         if key == "max_nodes":

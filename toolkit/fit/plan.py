@@ -21,7 +21,8 @@ from toolkit.models.cases import summary
 from toolkit.models.hparams import LlamaHParams
 
 
-def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, Any]:
+def plan_args(args: LlamaArgs, model: LlamaHParams | None = None,
+              contexts: list[Any] | None = None) -> dict[str, Any]:
     """What :func:`~toolkit.models.cases.plan_case` returns for a command line, plus ``fit_log_lines``
     (when fit ran), ``fitted`` and ``memory_breakdown`` (when every device's memory is known)."""
     from toolkit.context import Context  # the context layer sits below fit
@@ -49,6 +50,8 @@ def plan_args(args: LlamaArgs, model: LlamaHParams | None = None) -> dict[str, A
         raise
     except ToolkitError as e:  # llama_init_from_model refuses the context: its message
         return {**out, "error": e.llama_text or str(e)}
+    if contexts is not None:                    # the caller keeps the context (plan --html)
+        contexts.append(ctx)
     out.update(summary(ctx))
     bd, _ = context_breakdown(ctx, exact=True)
     out["memory_breakdown"] = breakdown_table(bd, mem) if mem is not None else None

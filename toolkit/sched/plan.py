@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolkit.sched.explain import NodeExplanation
 
 
 class Cause(enum.Enum):
@@ -38,6 +42,8 @@ class NodePlacement:
     is_view: bool
     nbytes: int
     srcs: tuple[str, ...] = ()
+    ne: tuple[int, ...] = ()   # shape (ggml's ne, 4 dims)
+    type: str = ""             # ggml type name, e.g. f32
 
 
 @dataclass(frozen=True)
@@ -100,3 +106,8 @@ class Plan:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
+
+    def explain(self, node: int | str | NodePlacement) -> NodeExplanation:
+        """What, where and why for one node (index or name): :func:`toolkit.sched.explain.explain`."""
+        from toolkit.sched.explain import explain
+        return explain(self, node)

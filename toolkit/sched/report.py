@@ -97,7 +97,7 @@ def make_plan(a: Assignment | None, backends: Sequence[Backend], galloc: GraphAl
         nodes.append(NodePlacement(
             i, t.name, t.op_desc(), backends[b].name if b >= 0 else "NULL", b,
             cz.get(id(t), Cause.FIRST_SUPPORTED), split_of.get(id(t), -1), t.op in VIEW_OPS, t.nbytes,
-            tuple(src.name for src in t.src if src is not None),
+            tuple(src.name for src in t.src if src is not None), t.ne, t.type.name.lower(),
         ))
     allocs = []
     for life in galloc.lifetimes:

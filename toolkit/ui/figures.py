@@ -11,11 +11,12 @@ each view is in ``toolkit.ui.text``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from toolkit.reuse import CompileEvent, ReserveEvent
+from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import Plan
 from toolkit.ui import text
 from toolkit.ui.layers import Collapse, group_starts, node_runs
@@ -30,8 +31,23 @@ from toolkit.ui.style import (
     base_layout,
     mib,
     nbytes_exact,
+    neutral_axis,
     size_label,
 )
+
+
+def _two_columns(titles: tuple[str, str]) -> dict[str, Any]:
+    """make_subplots(1, 2, column_widths=[0.55, 0.45], horizontal_spacing=0.1) as layout entries."""
+    axis = neutral_axis()
+    domains = ([0.0, 0.495], [0.595, 1.0])
+    return {
+        "xaxis": {**axis, "domain": domains[0], "anchor": "y"}, "yaxis": {**axis, "domain": [0.0, 1.0], "anchor": "x"},
+        "xaxis2": {**axis, "domain": domains[1], "anchor": "y2"},
+        "yaxis2": {**axis, "domain": [0.0, 1.0], "anchor": "x2"},
+        "annotations": [{"text": t, "x": (d[0] + d[1]) / 2, "y": 1.0, "xref": "paper", "yref": "paper",
+                         "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 16}}
+                        for t, d in zip(titles, domains)],
+    }
 
 
 def _neutral_axes(fig: go.Figure) -> go.Figure:
@@ -78,22 +94,29 @@ def _event_hover(ev: ReserveEvent, compiles: Sequence[CompileEvent] = ()) -> str
 
 def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = ()) -> go.Figure:
     """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details."""
-    fig = go.Figure(layout=base_layout("reserve events", height=260))
+    layout = base_layout("reserve events", height=260)
+    traces: list[dict[str, Any]] = []
     for decision in ("rebuilt", "reused", "fallback", "error"):
         evs = [e for e in events if e.decision == decision]
-        fig.add_trace(go.Scatter(
-            x=[e.index for e in evs], y=[text.total_ms(e) for e in evs], mode="markers", name=decision,
-            marker={"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
-                    "line": {"width": 1, "color": NEUTRAL_TEXT}},
-            hovertext=[_event_hover(e, compiles) for e in evs], hoverinfo="text", showlegend=True))
+        # colour is never the only cue: each decision has its own symbol and, on short logs, its word
+        traces.append({
+            "type": "scatter", "x": [e.index for e in evs], "y": [text.total_ms(e) for e in evs],
+            "mode": "markers+text" if len(events) <= 24 else "markers", "name": decision,
+            "text": [decision for _ in evs], "textposition": "top center",
+            "textfont": {"size": 9, "color": NEUTRAL_TEXT},
+            "marker": {"color": DECISION_COLOUR[decision], "symbol": DECISION_SYMBOL[decision], "size": 12,
+                       "line": {"width": 1, "color": NEUTRAL_TEXT}},
+            "hovertext": [_event_hover(e, compiles) for e in evs], "hoverinfo": "text", "showlegend": True,
+            "cliponaxis": False})                  # the word over the highest marker stays whole
     if events:
         # a thin line in event order so the sequence reads left to right
-        fig.add_trace(go.Scatter(x=[e.index for e in events], y=[text.total_ms(e) for e in events],
-                                 mode="lines", line={"color": NEUTRAL_GRID, "width": 1},
-                                 hoverinfo="skip", showlegend=False))
-    fig.update_xaxes(title_text="reserve #", dtick=1 if len(events) <= 20 else None)
-    fig.update_yaxes(title_text="reserve ms", rangemode="tozero")
-    return _neutral_axes(fig)
+        traces.append({"type": "scatter", "x": [e.index for e in events], "y": [text.total_ms(e) for e in events],
+                       "mode": "lines", "line": {"color": NEUTRAL_GRID, "width": 1}, "hoverinfo": "skip",
+                       "showlegend": False})
+    layout["xaxis"].update(title={"text": "reserve #", "font": {"color": NEUTRAL_TEXT}},
+                           dtick=1 if len(events) <= 20 else None, tickformat="d")
+    layout["yaxis"].update(title={"text": "reserve ms", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
+    return go.Figure(data=traces, layout=layout)
 
 
 def _buft_order(ev: ReserveEvent) -> list[str]:
@@ -109,13 +132,15 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
     output, scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
     buffer type across events -- under reuse the allocated line stays at its maximum (a kept
     scheduler's buffers only grow, llama.cpp #32009)."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
-                        subplot_titles=("newest reserve", "compute buffers across reserves"))
-    fig.update_layout(**base_layout("buffer sizes", height=340, barmode="group"))
+    # built as plain dicts and validated once: make_subplots and update_* calls each re-validate the
+    # figure, which took most of this figure's drawing time on an 8B graph
+    layout = base_layout("buffer sizes", height=340, barmode="group")
+    layout.update(_two_columns(("newest reserve", "compute buffers across reserves")))
+    traces: list[dict[str, Any]] = []
     good = [e for e in events if e.buffers]
     if not good:
-        fig.update_layout(meta={"text": "no buffers yet"})
-        return fig
+        layout["meta"] = {"text": "no buffers yet"}
+        return go.Figure(data=traces, layout=layout)
     ev = good[-1]
     cats = _buft_order(ev)
     by_buft: dict[str, list] = {c: [] for c in cats}
@@ -127,8 +152,9 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
         ys = [values[x] for x in xs]
         hover = [f"{kind} · {x}<br>{size_label(y)}" + (f"<br>{hover_extra[x]}" if hover_extra and x in hover_extra
                                                         else "") for x, y in zip(xs, ys)]
-        fig.add_trace(go.Bar(x=xs, y=[y / MIB for y in ys], name=kind, marker_color=KIND_COLOUR[kind],
-                             hovertext=hover, hoverinfo="text", customdata=ys, legendgroup=kind), row=1, col=1)
+        traces.append({"type": "bar", "x": xs, "y": [y / MIB for y in ys], "name": kind,
+                       "marker": {"color": KIND_COLOUR[kind]}, "hovertext": hover, "hoverinfo": "text",
+                       "customdata": ys, "legendgroup": kind, "xaxis": "x", "yaxis": "y"})
 
     alloc = {c: sum(b.allocated for b in bs) for c, bs in by_buft.items() if bs}
     need = {c: max((max(b.needed_pp, b.needed_tg) for b in bs), default=0) for c, bs in by_buft.items() if bs}
@@ -163,20 +189,37 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
             yn.append(n / MIB)
             hv.append(f"#{e.index} {e.decision} · {buft}<br>allocated {size_label(a)}<br>needed {size_label(n)}")
         colour = backend_colour(i)
-        fig.add_trace(go.Scatter(x=xs, y=ya, mode="lines+markers", name=f"{buft} allocated",
-                                 line={"color": colour, "width": 2, "shape": "hv"}, hovertext=hv,
-                                 hoverinfo="text", legendgroup=buft), row=1, col=2)
-        fig.add_trace(go.Scatter(x=xs, y=yn, mode="lines+markers", name=f"{buft} needed",
-                                 line={"color": colour, "width": 2, "dash": "dot", "shape": "hv"},
-                                 marker={"symbol": "circle-open"}, hovertext=hv, hoverinfo="text",
-                                 legendgroup=buft), row=1, col=2)
-    fig.update_yaxes(title_text="MiB", rangemode="tozero")
-    fig.update_xaxes(title_text="reserve #", row=1, col=2)
-    fig.update_layout(meta={"event": ev.index, "text": text.buffers_text(upto)})
-    return _neutral_axes(fig)
+        traces.append({"type": "scatter", "x": xs, "y": ya, "mode": "lines+markers", "name": f"{buft} allocated",
+                       "line": {"color": colour, "width": 2, "shape": "hv"}, "hovertext": hv, "hoverinfo": "text",
+                       "legendgroup": buft, "xaxis": "x2", "yaxis": "y2"})
+        traces.append({"type": "scatter", "x": xs, "y": yn, "mode": "lines+markers", "name": f"{buft} needed",
+                       "line": {"color": colour, "width": 2, "dash": "dot", "shape": "hv"},
+                       "marker": {"symbol": "circle-open"}, "hovertext": hv, "hoverinfo": "text",
+                       "legendgroup": buft, "xaxis": "x2", "yaxis": "y2"})
+    for y in ("yaxis", "yaxis2"):
+        layout[y].update(title={"text": "MiB", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
+    # reserve numbers are whole: one tick per reserve on short logs, integer labels always
+    layout["xaxis2"].update(title={"text": "reserve #", "font": {"color": NEUTRAL_TEXT}}, tickformat="d",
+                            dtick=1 if len(good) <= 20 else None)
+    layout["meta"] = {"event": ev.index, "text": text.buffers_text(upto)}
+    return go.Figure(data=traces, layout=layout)
 
 
-def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
+def _spaced_ticks(starts: Sequence[tuple[str, int]], n_nodes: int, width: int) -> list[tuple[str, int]]:
+    """Layer labels that do not overlap: two neighbours at least their half widths apart (about
+    6 px a character at the 11 px tick font, plus a gap) on a plot ``width`` px wide."""
+    px_per_node = max(width - 100, 100) / max(n_nodes + 1, 1)
+    ticks: list[tuple[str, int]] = []
+    for label, start in starts:
+        if ticks and (start - ticks[-1][1]) * px_per_node < 3 * (len(ticks[-1][0]) + len(label)) + 4:
+            if ticks[-1][0] == "input":         # a short input group yields its label to L0
+                ticks[-1] = (label, start)
+            continue
+        ticks.append((label, start))
+    return ticks
+
+
+def split_map(plan: Plan | None, collapse: Collapse = "layer", width: int = 960) -> go.Figure:
     """Nodes in graph order coloured by backend (runs collapsed by layer by default), split spans
     underneath, split boundaries as dashed lines and input copies as triangles at each split start."""
     fig = go.Figure(layout=base_layout("split map", height=280, barmode="overlay", bargap=0.25))
@@ -192,18 +235,25 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
                  f"<br>output bytes: {size_label(r.nbytes)}"
                  + (f"<br>{r.names[0]}" if r.count == 1 else "") for r in rs]
         fig.add_trace(go.Bar(y=[row_nodes] * len(rs), x=[r.count for r in rs], base=[r.start for r in rs],
+                             customdata=[r.first_node for r in rs],       # what a click explains
                              orientation="h", name=rs[0].backend, marker_color=backend_colour(bid),
                              marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, hovertext=hover,
                              hoverinfo="text", legendgroup=rs[0].backend))
+    # every split one bar of a single trace (colour per backend): a graph with hundreds of splits stays one trace
+    hover_splits = []
     for s in plan.splits:
         ins = "<br>".join(f"{i.name} from {i.src_backend} ({size_label(i.nbytes)}{', weight' if i.is_weight else ''})"
-                          for i in s.inputs) or "no inputs"
-        fig.add_trace(go.Bar(y=["splits"], x=[max(s.i_end - s.i_start, 1)], base=[s.i_start], orientation="h",
-                             marker_color=backend_colour(s.backend_id), marker_pattern_shape="/",
-                             marker_line={"width": 1, "color": NEUTRAL_TEXT}, showlegend=False,
-                             hovertext=[f"<b>split {s.index}</b> · {s.backend}<br>nodes {s.i_start}..{s.i_end - 1}"
-                                        f"<br>inputs ({len(s.inputs)}/{s.inputs_capacity}):<br>{ins}"],
-                             hoverinfo="text", text=[f"{s.index}"], textposition="inside"))
+                          for i in s.inputs[:20]) or "no inputs"
+        more = f"<br>… and {len(s.inputs) - 20} more" if len(s.inputs) > 20 else ""
+        hover_splits.append(f"<b>split {s.index}</b> · {s.backend}<br>nodes {s.i_start}..{s.i_end - 1}"
+                            f"<br>inputs ({len(s.inputs)}/{s.inputs_capacity}):<br>{ins}{more}")
+    fig.add_trace(go.Bar(y=["splits"] * len(plan.splits), x=[max(s.i_end - s.i_start, 1) for s in plan.splits],
+                         base=[s.i_start for s in plan.splits], orientation="h", name="splits",
+                         marker={"color": [backend_colour(s.backend_id) for s in plan.splits],
+                                 "pattern": {"shape": "/"}, "line": {"width": 1, "color": NEUTRAL_TEXT}},
+                         showlegend=False, hovertext=hover_splits, hoverinfo="text",
+                         customdata=[f"split:{s.index}" for s in plan.splits],     # a click lists its inputs
+                         text=[f"{s.index}" for s in plan.splits], textposition="inside"))
     # split boundaries as one batch of shapes (add_vline per split is slow on big graphs)
     fig.update_layout(shapes=[{"type": "line", "xref": "x", "yref": "paper", "x0": s.i_start, "x1": s.i_start,
                                "y0": 0, "y1": 1, "line": {"dash": "dash", "color": NEUTRAL_TEXT, "width": 1}}
@@ -215,17 +265,11 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
             marker={"symbol": "triangle-down", "size": 11, "color": [backend_colour(s.backend_id) for s in with_inputs],
                     "line": {"width": 1, "color": NEUTRAL_TEXT}},
             text=[str(len(s.inputs)) for s in with_inputs], textposition="middle right",
-            name="input copies",
+            name="input copies", customdata=[f"split:{s.index}" for s in with_inputs],
             hovertext=[f"split {s.index} copies {len(s.inputs)} input(s), "
                        f"{size_label(sum(i.nbytes for i in s.inputs))}" for s in with_inputs],
             hoverinfo="text"))
-    # at most ~16 layer labels, none closer than 1/40 of the graph to the previous one
-    ticks: list[tuple[str, int]] = []
-    for label, start in group_starts(plan) if collapse == "layer" else []:
-        if not ticks or start - ticks[-1][1] >= max(1, plan.n_nodes // 16, plan.n_nodes / 40):
-            ticks.append((label, start))
-        elif ticks[-1][0] == "input":           # a one-node input group yields its label to L0
-            ticks[-1] = (label, start)
+    ticks = _spaced_ticks(group_starts(plan), plan.n_nodes, width) if collapse == "layer" else []
     fig.update_xaxes(title_text="node order", range=[-0.5, plan.n_nodes + 0.5], tickangle=0,
                      tickvals=[t[1] for t in ticks] or None, ticktext=[t[0] for t in ticks] or None)
     fig.update_yaxes(categoryorder="array", categoryarray=["copies", "splits", row_nodes][::-1])
@@ -233,35 +277,72 @@ def split_map(plan: Plan | None, collapse: Collapse = "layer") -> go.Figure:
     return _neutral_axes(fig)
 
 
+def _alloc_kind(name: str, n_copies: int) -> str:
+    if parse_copy_name(name) is None:
+        return "tensors"
+    return "pipeline copies" if n_copies > 1 else "split input copies"
+
+
 def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
     """Per buffer, each planned tensor a rectangle: x = its lifetime in node order [first, last],
     y = its address range (chunks stacked); the peak and, when known, the lower bound marked."""
     bufs = [b for b in (plan.buffers if plan else ()) if buft is None or b.buft == buft]
     cols = max(1, len(bufs))
-    fig = make_subplots(rows=1, cols=cols, subplot_titles=[b.buft for b in bufs] or [""],
-                        horizontal_spacing=0.08 if cols > 1 else 0.0)
-    fig.update_layout(**base_layout("memory layout", height=340, barmode="overlay", bargap=0))
+    # the copies' legend sits above the plots: below them, with the x titles, it would squeeze the
+    # plot area of this short figure to nothing (plotly then draws NaN paths)
+    layout = base_layout("memory layout", height=360, barmode="overlay", bargap=0,
+                         margin={"l": 60, "r": 20, "t": 70, "b": 40},
+                         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom",
+                                 "font": {"color": NEUTRAL_TEXT}, "bgcolor": "rgba(0,0,0,0)"})
+    # make_subplots(1, cols, horizontal_spacing=0.08) as plain layout entries (validated once, with the traces)
+    gap = 0.08 if cols > 1 else 0.0
+    w = (1.0 - gap * (cols - 1)) / cols
+    notes: list[dict[str, Any]] = []
+    for col in range(1, cols + 1):
+        ax = "" if col == 1 else str(col)
+        x0 = (col - 1) * (w + gap)
+        layout[f"xaxis{ax}"] = {**neutral_axis(), "domain": [x0, x0 + w], "anchor": f"y{ax}",
+                                "title": {"text": "node order", "font": {"color": NEUTRAL_TEXT}}}
+        layout[f"yaxis{ax}"] = {**neutral_axis(), "domain": [0.0, 1.0], "anchor": f"x{ax}"}
+        notes.append({"text": bufs[col - 1].buft if bufs else "", "x": x0 + w / 2, "y": 1.0, "xref": "paper",
+                      "yref": "paper", "xanchor": "center", "yanchor": "bottom", "showarrow": False,
+                      "font": {"size": 16}})
+    layout["yaxis"]["title"] = {"text": "address (MiB)", "font": {"color": NEUTRAL_TEXT}}
+    traces: list[dict[str, Any]] = []
     if plan is None:
-        fig.update_layout(meta={"text": "no plan"})
-        return fig
+        layout["meta"] = {"text": "no plan"}
+        return go.Figure(data=traces, layout=layout)
     shapes: list[dict] = []
-    notes: list[dict] = list(fig.layout.annotations)
+    legend_done: set[str] = set()
     for col, b in enumerate(bufs, start=1):
         allocs = [a for a in plan.allocs if a.buft == b.buft]
         bases = text.chunk_bases(b)
         colour = backend_colour(col - 1)
-        if allocs:
-            starts = [a.first for a in allocs]
-            widths = [a.last - a.first + 1 for a in allocs]
-            addrs = [text.address(a, bases) for a in allocs]
-            fig.add_trace(go.Bar(
-                x=[s + w / 2 for s, w in zip(starts, widths)], width=widths, base=[x / MIB for x in addrs],
-                y=[a.size / MIB for a in allocs], name=b.buft, marker_color=colour, opacity=0.75,
-                marker_line={"width": 0.5, "color": NEUTRAL_TEXT}, showlegend=False,
-                hovertext=[f"<b>{a.name}</b><br>offset {nbytes_exact(x)} (chunk {a.chunk})"
-                           f"<br>size {size_label(a.size)}<br>live nodes {a.first}..{a.last}"
-                           + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
-                           for a, x in zip(allocs, addrs)], hoverinfo="text"), row=1, col=col)
+        # plain tensors, split input copies and pipeline copies (n_copies > 1) each one trace,
+        # with its own fill pattern and legend entry: a copy is recognisable without its name
+        kinds = (("tensors", "", 0.75), ("split input copies", "/", 0.9), ("pipeline copies", "x", 0.9))
+        for kind, pattern, opacity in kinds:
+            group = [a for a in allocs if _alloc_kind(a.name, plan.n_copies) == kind]
+            if not group:
+                continue
+            starts = [a.first for a in group]
+            widths = [a.last - a.first + 1 for a in group]
+            addrs = [text.address(a, bases) for a in group]
+            ax = "" if col == 1 else str(col)
+            traces.append({
+                "type": "bar", "x": [st + wd / 2 for st, wd in zip(starts, widths)], "width": widths,
+                "base": [x / MIB for x in addrs], "y": [a.size / MIB for a in group],
+                "name": kind if kind != "tensors" else b.buft, "xaxis": f"x{ax}", "yaxis": f"y{ax}",
+                "marker": {"color": colour, "opacity": opacity, "line": {"width": 0.5, "color": NEUTRAL_TEXT},
+                           **({"pattern": {"shape": pattern, "fgcolor": NEUTRAL_TEXT}} if pattern else {})},
+                "customdata": [a.name for a in group],           # what a click explains
+                "legendgroup": kind, "showlegend": kind != "tensors" and kind not in legend_done,
+                "hovertext": [f"<b>{a.name}</b>{' (' + kind[:-3] + 'y)' if kind != 'tensors' else ''}"
+                              f"<br>offset {nbytes_exact(x)} (chunk {a.chunk})"
+                              f"<br>size {size_label(a.size)}<br>live nodes {a.first}..{a.last}"
+                              + (f"<br>in place of {a.inplace_of}" if a.inplace_of else "")
+                              for a, x in zip(group, addrs)], "hoverinfo": "text"})
+            legend_done.add(kind)
         peak = max((text.address(a, bases) + a.size for a in allocs), default=0)
         marks = [("peak", peak, "solid"), ("allocated", b.allocated, "dot")]
         if b.lower_bound is not None:
@@ -289,11 +370,8 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
             notes.append({"xref": f"x{ax} domain", "yref": f"y{ax}", "x": 0, "y": at / MIB, "xanchor": "left",
                           "yanchor": "bottom", "showarrow": False, "text": label,
                           "font": {"size": 10, "color": NEUTRAL_TEXT}})
-        fig.update_xaxes(title_text="node order", row=1, col=col)
-    fig.update_layout(shapes=shapes, annotations=notes)
-    fig.update_yaxes(title_text="address (MiB)", row=1, col=1)
-    fig.update_layout(meta={"text": text.memory_layout_text(plan)})
-    return _neutral_axes(fig)
+    layout.update(shapes=shapes, annotations=notes, meta={"text": text.memory_layout_text(plan)})
+    return go.Figure(data=traces, layout=layout)
 
 
 __all__ = ["badge", "buffer_sizes", "memory_layout", "split_map", "timeline"]

@@ -65,6 +65,7 @@ class NodeRun:
     splits: set[int] = field(default_factory=set)
     nbytes: int = 0
     names: list[str] = field(default_factory=list)
+    first_node: int = -1      # the first non-view node (what a click on the run explains)
 
     @property
     def count(self) -> int:
@@ -102,6 +103,11 @@ def node_runs(plan: Plan, collapse: Collapse = "layer") -> list[NodeRun]:
             run.splits.add(n.split)
         run.nbytes += n.nbytes
         run.names.append(n.name)
+        if run.first_node < 0 and not n.is_view:
+            run.first_node = n.index
+    for run in runs:
+        if run.first_node < 0:
+            run.first_node = run.start
     return runs
 
 

@@ -73,10 +73,15 @@ def onoff(flag: bool) -> str:
     return "on" if flag else "off"
 
 
+def neutral_axis() -> dict[str, Any]:
+    """An axis with the neutral grid and text: readable on JupyterLab's light and dark themes."""
+    return {"gridcolor": NEUTRAL_GRID, "zerolinecolor": NEUTRAL_GRID, "linecolor": NEUTRAL_GRID,
+            "tickfont": {"color": NEUTRAL_TEXT}, "title": {"font": {"color": NEUTRAL_TEXT}}}
+
+
 def base_layout(title: str, height: int = 320, **extra: Any) -> dict[str, Any]:
     """Layout shared by all figures: transparent, neutral grid, theme-agnostic fonts."""
-    axis = {"gridcolor": NEUTRAL_GRID, "zerolinecolor": NEUTRAL_GRID, "linecolor": NEUTRAL_GRID,
-            "tickfont": {"color": NEUTRAL_TEXT}, "title": {"font": {"color": NEUTRAL_TEXT}}}
+    axis = neutral_axis()
     layout: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 14, "color": NEUTRAL_TEXT}, "x": 0.01},
         "height": height,

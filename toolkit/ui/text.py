@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from toolkit.compare import EventDiff
 from toolkit.context import Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Plan, TensorAlloc
 from toolkit.ui.layers import Collapse, node_runs
@@ -179,3 +180,42 @@ def memory_layout_text(plan: Plan) -> str:
         lines.append(f"{b.buft}: {len(allocs)} tensors, peak {mib(peak)}, needed {mib(b.needed)}, "
                      f"allocated {mib(b.allocated)}{lb}")
     return "\n".join(lines) or "no buffers"
+
+
+def _signed(n: int) -> str:
+    return f"{'+' if n > 0 else ''}{mib(n)}" if n else "unchanged"
+
+
+def diff_text(d: EventDiff) -> str:
+    """The compare view as text: ``toolkit.compare.compare(a, b)`` line by line."""
+    lines = [f"compare reserve #{d.a} ({d.decision_a}) -> #{d.b} ({d.decision_b})"]
+    if d.params:
+        lines.append("  params: " + ", ".join(
+            f"{f} {onoff(x) if isinstance(x, bool) else x} -> {onoff(y) if isinstance(y, bool) else y}"
+            for f, x, y in d.params))
+    else:
+        lines.append("  params: same max_nodes, parallel and op_offload")
+    why = "; ".join(d.reasons_b) or "same params"
+    lines.append(f"  #{d.b} {d.decision_b.upper()}: {why} [{d.trigger_b}]")
+    if d.decision_b == "reused":
+        lines.append(f"  host metadata: saved {mib(d.host_metadata_saved_b)} (scheduler kept)")
+    elif d.decision_b in ("rebuilt", "fallback"):
+        lines.append(f"  host metadata: cost {mib(d.host_metadata_cost_b)} "
+                     f"(held {mib(d.host_metadata_held_a)} -> {mib(d.host_metadata_held_b)})")
+    for b in d.buffers:
+        lines.append(f"  {b.buft:>12} allocated {mib(b.allocated_a)} -> {mib(b.allocated_b)} "
+                     f"({_signed(b.allocated_change)}), needed {mib(b.needed_a)} -> {mib(b.needed_b)} "
+                     f"({_signed(b.needed_change)})")
+    lines.append("  " + ", ".join(f"{c.name} {c.a} -> {c.b}" for c in d.counts))
+    if not d.has_plans:
+        lines.append("  (no plan on one side: node and split input changes unavailable)")
+        return "\n".join(lines)
+    lines.append(f"  {len(d.backend_changes)} node(s) changed backend")
+    for c in d.backend_changes:
+        lines.append(f"    {c.name} ({c.op}): {c.before} ({c.cause_before}) -> {c.after} ({c.cause_after})")
+    for label, items in (("appeared", d.inputs_added), ("disappeared", d.inputs_removed)):
+        lines.append(f"  {len(items)} split input(s) {label}")
+        for i in items:
+            lines.append(f"    {i.name}{' (weight)' if i.is_weight else ''} {i.from_backend} -> {i.to_backend} "
+                         f"{nbytes_exact(i.nbytes)}, read by {i.reader or '?'} ({i.reader_cause or '?'})")
+    return "\n".join(lines)
