@@ -19,13 +19,8 @@ from toolkit.models import presets
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import DeviceSpec, describe_picker, parse_picker
 
-# label shown in the picker -> name in toolkit.models.presets
-MODEL_PRESETS: dict[str, str] = {
-    "tiny": "tiny",
-    "small": "small",
-    "Llama-3-8B-shaped": "llama3_8b",
-    "70B-shaped": "llama3_70b",
-}
+# label shown in the picker -> name in toolkit.models.presets (one list, kept with the presets)
+MODEL_PRESETS: dict[str, str] = presets.PRESET_LABELS
 # accepted spellings of a preset name (toolkit.dashboard(model="llama3_8b") works too)
 _ALIASES: dict[str, str] = {**{k: v for k, v in MODEL_PRESETS.items()}, **{v: v for v in MODEL_PRESETS.values()},
                             "8b": "llama3_8b", "70b": "llama3_70b"}
