@@ -17,7 +17,8 @@ def artifacts_dir() -> Path:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print how many inputs each fuzz target tried (tests/fuzzcount.py collects them)."""
-    from fuzzcount import TRIED
+    from fuzzcount import OUTCOMES, TRIED
 
     for target, n in sorted(TRIED.items()):
-        terminalreporter.write_line(f"fuzz: {target}: {n} inputs tried")
+        how = ", ".join(f"{k} {v}" for k, v in sorted(OUTCOMES.get(target, {}).items()))
+        terminalreporter.write_line(f"fuzz: {target}: {n} inputs tried" + (f" ({how})" if how else ""))

@@ -110,3 +110,20 @@ def test_huge_n_ctx_on_the_cpu_is_refused_and_a_smaller_limit_applies() -> None:
 def test_n_ctx_beyond_n_ctx_train_warns_as_llama_cpp() -> None:
     ev = Context("tiny", ContextParams(n_ctx=8192, n_batch=512, n_ubatch=512)).events[-1]
     assert "llama_context: n_ctx_seq (8192) > n_ctx_train (4096) -- possible training context overflow" in ev.warnings
+
+
+def test_a_refused_update_keeps_buffers_that_earlier_reserves_grew() -> None:
+    """Reuse keeps the larger buffer (ggml_gallocr only grows): after n_ubatch 512 and back to 128 the
+    CPU compute buffer stays at its 512-token size. A refused change must leave it there, not at what
+    a reserve from scratch with the current params would give."""
+    base = ContextParams(n_ctx=512, n_batch=512, n_ubatch=128)
+    ctx = Context("tiny", base)
+    fresh = ctx.compute_buffers_bytes()
+    ctx.update(n_ubatch=512)
+    ctx.update(n_ubatch=128)
+    grown = ctx.scheduler.buffer_sizes()
+    assert ctx.events[-1].decision == "reused" and sum(grown) > sum(fresh.values())
+    with pytest.raises(AllocationError, match="host memory limit"):
+        ctx.update(n_ctx=2**31)
+    assert ctx.scheduler.buffer_sizes() == grown
+

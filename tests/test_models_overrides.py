@@ -133,3 +133,15 @@ def test_update_n_cpu_moe_on_a_live_context_gives_llama_cpps_numbers() -> None:
         got.append((ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ev.n_splits_pp))
     assert got == [(65667072, 1325056, 2), (65800192, 2242560, 4), (65800192, 2242560, 6)]
     assert len(ctx.setup.model.tensor_overrides) == 6 and ctx.n_copies == 1
+
+
+def test_n_cpu_moe_beyond_the_layers_matches_what_all_layers_match() -> None:
+    """--n-cpu-moe N writes one blk.i pattern per i < N; past the last layer they match nothing, so
+    N = 10**9 gives the placement of N = n_layer (and is planned as quickly)."""
+    assert len(parse((), False, 10**9, ["CPU"], n_layer=2)) == 2
+
+    def placed(n: int) -> tuple[object, ...]:
+        ctx = Context(moe(), ContextParams(n_ctx=512, n_cpu_moe=n, devices=("rpc:1",)))
+        return (ctx.model_buffers_bytes, ctx.compute_buffers_bytes(), tuple(ctx.setup.model.tensor_overrides))
+
+    assert placed(10**9) == placed(2) != placed(1)

@@ -140,8 +140,8 @@ def test_reused_after_growing_keeps_the_larger_buffers() -> None:
 # ---- bad input keeps the previous state ---------------------------------------------------------
 
 @pytest.mark.parametrize("change, words", [
-    ({"max_nodes": 0}, ["max_nodes=0", "positive"]),
-    ({"max_nodes": -5}, ["max_nodes=-5", "positive"]),
+    ({"max_nodes": 0}, ["max_nodes=0", "an integer from 1 to"]),
+    ({"max_nodes": -5}, ["max_nodes=-5", "an integer from 1 to"]),
     ({"max_nodes": 10}, ["max_nodes=10", "14 nodes", "expected max_nodes > 14"]),
     ({"max_nodes": "big"}, ["max_nodes='big'"]),
     ({"parallel": "yes"}, ["parallel='yes'"]),

@@ -64,9 +64,9 @@ def test_choices() -> None:
         parse_devices("rpc:1", 64)
     assert preset_label("llama3_8b") == "Llama-3-8B-shaped" and preset_label("tiny") == "tiny"
     assert resolve_model("70B-shaped").n_layer == 80
-    with pytest.raises(ValueError, match="model 'gpt5' unknown"):
+    with pytest.raises(ValueError, match="model=.gpt5. is not accepted"):
         resolve_model("gpt5")
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="no such file"):
         resolve_model("/nonexistent/model.gguf")
 
 
@@ -156,3 +156,18 @@ def test_memory_budget_makes_the_fallback_visible() -> None:
     assert "retrying without pipeline parallelism" in dash.badge_text()
     assert dash.controls["parallel"].value is False          # the checkbox follows the context
     assert all(b.allocated <= 75 * MIB for b in ev.buffers if b.buft.startswith("SIM") and b.buft != "SIM_Host")
+
+
+def test_size_sliders_refuse_none_and_keep_their_value() -> None:
+    """ipywidgets' SelectionSlider takes value=None, fails on the index and keeps None without telling
+    its observers; the dashboard's sliders refuse it and keep what the context runs with."""
+    import traitlets
+
+    dash = Dashboard(make_context("tiny", n_ctx=512), debounce_s=0)
+    for key in ("n_ctx", "n_batch", "n_ubatch"):
+        before = dash.controls[key].value
+        with pytest.raises(traitlets.TraitError, match=f"{key}=None"):
+            dash.controls[key].value = None
+        assert dash.controls[key].value == before and dash.error is None
+    dash.controls["n_ctx"].value = 1024                       # and they still work
+    assert dash.ctx.cparams.n_ctx == 1024

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from toolkit.errors import ParameterError
 from toolkit.models.cparams import ContextParams
 from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
 from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
@@ -120,7 +121,7 @@ def test_parse_max_nodes() -> None:
     assert parse_max_nodes("4096") == 4096
     with pytest.raises(ValueError, match="'lots'"):
         parse_max_nodes("lots")
-    with pytest.raises(ValueError, match="-3 must be > 0"):
+    with pytest.raises(ParameterError, match="max_nodes='-3' is not accepted: expected 'auto' or an integer > 0"):
         parse_max_nodes("-3")
 
 

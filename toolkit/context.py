@@ -33,7 +33,6 @@ from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler
-from toolkit.sched.metadata import GGML_SCHED_MAX_COPIES, host_metadata_bytes
 
 __all__ = ["Context", "LlamaContextView", "context_from_case", "plan_case"]
 
@@ -110,7 +109,7 @@ class Context:
         self.parallel_override = None if parallel is None else validate.boolean("parallel", parallel)
         self.setup: LlamaSetup = setup(self.hparams, self.cparams, self.backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
-        self.holder = SchedulerHolder(lambda: self.backends, planner)
+        self.holder = SchedulerHolder(lambda: self.backends, planner, host_memory=self.host_memory)
         self.fa_resolved = self.cparams.flash_attn != "auto"
         self.last_graph: LlamaGraph | None = None  # the LlamaGraph of the last build_graph (inputs, logits, pins)
         self.sched_reserve(trigger="context created")
@@ -245,11 +244,6 @@ class Context:
         params = SchedParams(self.max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
         self._precheck(params)
         h = self.holder
-        if not h.would_reuse(params):
-            # ggml_backend_sched_new allocates its hash set and graph copies on the host
-            copies = GGML_SCHED_MAX_COPIES if params.parallel else 1
-            check_host_bytes(f"the scheduler's host metadata for max_nodes={params.max_nodes}",
-                             host_metadata_bytes(params.max_nodes, len(self.backends), copies), limit=self.host_memory)
         r = h.begin_reserve(params, extra_reasons)
         if self.setup.warnings and not self.setup.warned:
             r.warnings += self.setup.warnings   # logged once, when the memory is created

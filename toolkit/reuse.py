@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from toolkit.backend import Backend
-from toolkit.errors import ToolkitError
-from toolkit.sched import Plan, Scheduler, hash_size, host_metadata_bytes
+from toolkit.backend.host import check_host_bytes
+from toolkit.errors import AllocationError, ToolkitError
+from toolkit.sched import GGML_SCHED_MAX_COPIES, Plan, Scheduler, hash_size, host_metadata_bytes
 
 Decision = Literal["reused", "rebuilt", "fallback", "error"]
 
@@ -283,9 +284,11 @@ class SchedulerHolder:
     ``backends`` is called whenever a new scheduler is made (the owner may change its backends).
     """
 
-    def __init__(self, backends: Callable[[], Sequence[Backend]], planner: str = "ggml") -> None:
+    def __init__(self, backends: Callable[[], Sequence[Backend]], planner: str = "ggml", *,
+                 host_memory: int | None = None) -> None:
         self.backends = backends
         self.planner = planner
+        self.host_memory = host_memory  # the most host memory a new scheduler may take; None: the machine's
         self.scheduler: Scheduler | None = None
         self.params_cur: SchedParams | None = None   # what the scheduler was built with
         self.params_req: SchedParams | None = None   # what the last reserve asked for
@@ -307,9 +310,15 @@ class SchedulerHolder:
         """Keep the current scheduler when it can serve ``params``; else create one. True = reused."""
         if self.would_reuse(params):
             return True
+        backends = list(self.backends())
+        # ggml_backend_sched_new allocates its hash set, graph copies and context on the host: a
+        # max_nodes whose metadata the host cannot hold would fail there
+        copies = GGML_SCHED_MAX_COPIES if params.parallel else 1
+        check_host_bytes(f"the scheduler's host metadata for max_nodes={params.max_nodes}",
+                         host_metadata_bytes(params.max_nodes, len(backends), copies), limit=self.host_memory)
         if self.scheduler is not None:
             self.scheduler.free()  # the old scheduler's compute buffers go with it
-        self.scheduler = Scheduler(list(self.backends()), None, params.max_nodes, params.parallel, params.op_offload,
+        self.scheduler = Scheduler(backends, None, params.max_nodes, params.parallel, params.op_offload,
                                    self.planner)
         self.params_cur = params
         return False
@@ -410,6 +419,7 @@ class SchedulerHolder:
         saved_owner = owner.save_state()
         saved = (self.scheduler, self.params_cur, self.params_req)
         old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
+        old_layout = None if self.scheduler is None else self.scheduler.buffer_layout()
         try:
             return change()
         except Exception as e:
@@ -419,9 +429,18 @@ class SchedulerHolder:
             if failed is not None and failed is not self.scheduler:
                 failed.free()
             if self.scheduler is not None and old_sizes is not None and self.scheduler.buffer_sizes() != old_sizes:
-                # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch
+                # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch,
+                # then give the buffers back the sizes earlier reserves had grown them to
                 self.scheduler.free()
                 owner.replan()
+                assert old_layout is not None
+                restored = self.scheduler.restore_buffer_layout(old_layout)
+                assert restored, "the kept scheduler's buffers could not be allocated again"
+            if isinstance(e, AllocationError) and trigger:
+                # say which change asked for the memory ("n_ctx 4096 -> 1000000000: ...")
+                err = AllocationError(f"{trigger}: {e}")
+                self.record_error(trigger, err)
+                raise err from e
             if isinstance(e, ToolkitError):
                 self.record_error(trigger, e)
             raise

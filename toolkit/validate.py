@@ -4,7 +4,7 @@ Each check returns the value (normalised where that is lossless, e.g. a numpy in
 or raises :class:`toolkit.errors.ParameterError` naming the parameter, the value and what is
 accepted. Booleans are real booleans: ``"no"`` is not ``False`` and ``True`` is not ``1``.
 Strings such as ``"on"``/``"off"`` are parsed only where llama.cpp's command line takes them
-(:func:`on_off`).
+(:mod:`toolkit.models.args`).
 
 >>> integer("n_ctx", 4096, lo=0)
 4096
@@ -89,19 +89,6 @@ def choice(param: str, value: Any, accepted: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ParameterError(param, value, "one of " + ", ".join(repr(o) for o in options))
     return value
-
-
-def on_off(param: str, value: Any) -> bool:
-    """llama.cpp's command-line booleans (``common_arg`` ``on|off``, also ``1|0``, ``true|false``...)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("on", "enabled", "true", "1"):
-            return True
-        if v in ("off", "disabled", "false", "0"):
-            return False
-    raise ParameterError(param, value, "on or off (also true/false, 1/0, enabled/disabled)")
 
 
 def text(param: str, value: Any, *, nonempty: bool = True) -> str:

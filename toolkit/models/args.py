@@ -33,6 +33,7 @@ from typing import Any
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import LlamaHParams
+from toolkit.validate import INT32_MAX
 
 # common/arg.cpp: is_truthy / is_falsey / is_autoy
 _TRUE = ("on", "enabled", "true", "1")
@@ -124,12 +125,14 @@ class LlamaArgs:
 # ---- value parsers ------------------------------------------------------------------------------
 
 def _int(flag: str, raw: str, lo: int | None = None) -> int:
+    # common/arg.cpp reads numbers with std::stoi: an int32, out of range otherwise
+    accepted = f"an integer from {lo if lo is not None else -INT32_MAX - 1} to {INT32_MAX}"
     try:
         v = int(raw)
     except ValueError:
-        raise ParameterError(flag, raw, "an integer" + (f" >= {lo}" if lo is not None else "")) from None
-    if lo is not None and v < lo:
-        raise ParameterError(flag, raw, f"an integer >= {lo}")
+        raise ParameterError(flag, raw, accepted) from None
+    if (lo is not None and v < lo) or not -INT32_MAX - 1 <= v <= INT32_MAX:
+        raise ParameterError(flag, raw, accepted)
     return v
 
 

@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toolkit import validate
 from toolkit.backend import Backend, BufferType, profiles
 from toolkit.errors import ParameterError
 
@@ -68,8 +69,11 @@ def parse_picker(spec: str, budget_mib: float | None = None, *, allow_auto: bool
     count = 0 if kind in ("cpu", "auto") else int(m.group(2) or 1)
     if kind not in ("cpu", "auto") and not 1 <= count <= MAX_DEVICES:
         raise ParameterError("devices", spec, f"N in 1..{MAX_DEVICES}", f"N={count} must be in 1..{MAX_DEVICES}")
-    if budget_mib is not None and budget_mib < 0:
-        raise ParameterError("budget_mib", budget_mib, "a memory budget >= 0 MiB (0 = unlimited)")
+    if budget_mib is not None:
+        # a budget is a byte count in the end (sim:BYTES): at most 2**40 MiB, one exbibyte
+        budget_mib = validate.real("budget_mib", budget_mib, lo=0.0, hi=float(2**40))
+        if 0 < budget_mib * 2**20 < 1:
+            raise ParameterError("budget_mib", budget_mib, "0 (unlimited) or at least one byte (2**-20 MiB)")
     if budget_mib and kind in ("cpu", "rpc", "auto"):
         raise ParameterError("budget_mib", budget_mib, "a budget for sim:N or cuda:N devices",
                              f"a memory budget applies to sim:N or cuda:N devices, not {spec!r}")

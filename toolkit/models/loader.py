@@ -139,7 +139,8 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
     cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
     bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
     rules = overrides.parse(cp.override_tensor, cp.cpu_moe, cp.n_cpu_moe,
-                            [*(b.buft.name for b in [*devs.gpus, *devs.accels]), devs.cpu_buft.name])
+                            [*(b.buft.name for b in [*devs.gpus, *devs.accels]), devs.cpu_buft.name],
+                            n_layer=hp.n_layer)
     model.override_rules = rules
 
     def buf_of(w: WeightInfo, d: int) -> str:

@@ -86,11 +86,13 @@ def check_items(override_tensor: Sequence[str]) -> None:
         _compile("override_tensor", pattern, item)
 
 
-def parse(override_tensor: Sequence[str], cpu_moe: bool, n_cpu_moe: int, known_bufts: Sequence[str]
-          ) -> list[OverrideRule]:
+def parse(override_tensor: Sequence[str], cpu_moe: bool, n_cpu_moe: int, known_bufts: Sequence[str],
+          n_layer: int | None = None) -> list[OverrideRule]:
     """The override list in llama.cpp's order: ``-ot`` items, then ``--cpu-moe``, then ``--n-cpu-moe``.
 
     ``known_bufts`` are the default buft names of the devices (and ``CPU``); anything else is refused.
+    With ``n_layer``, ``--n-cpu-moe`` patterns stop at the model's last layer (common's loop writes
+    one ``blk.i`` pattern per i < N; those beyond the model match no tensor).
     """
     rules: list[OverrideRule] = []
     for item, pattern, buft in _items(override_tensor):
@@ -104,7 +106,7 @@ def parse(override_tensor: Sequence[str], cpu_moe: bool, n_cpu_moe: int, known_b
         rules.append(OverrideRule(FFN_EXPS_REGEX, CPU_BUFT, re.compile(FFN_EXPS_REGEX)))
     if not isinstance(n_cpu_moe, int) or isinstance(n_cpu_moe, bool) or n_cpu_moe < 0:
         raise ParameterError("n_cpu_moe", n_cpu_moe, "an integer >= 0")
-    for il in range(n_cpu_moe):
+    for il in range(n_cpu_moe if n_layer is None else min(n_cpu_moe, n_layer)):
         p = exps_block_regex(il)
         rules.append(OverrideRule(p, CPU_BUFT, re.compile(p)))
     return rules

@@ -394,6 +394,38 @@ class GraphAllocator:
         raw = self.max_sizes()
         return [raw[i] if self.shares_allocator(i) == i else 0 for i in range(self.n_buffers)]
 
+    def buffer_layout(self) -> list[tuple[int, ...] | None]:
+        """The chunk sizes of each buffer id's allocated buffer (None: none allocated)."""
+        return [None if b is None else tuple(c.size for c in b.chunks) for b in self.buffers]
+
+    def restore_buffer_layout(self, layout: Sequence[tuple[int, ...] | None]) -> bool:
+        """Reallocate the buffers to ``layout`` (a :meth:`buffer_layout` taken earlier): buffers that
+        grew over past reserves come back at their old sizes after a replan from scratch."""
+        for i, want in enumerate(layout):
+            j = self.shares_allocator(i)
+            if j != i:
+                self.buffers[i] = self.buffers[j]
+                continue
+            cur = self.buffers[i]
+            have = None if cur is None else tuple(c.size for c in cur.chunks)
+            if have == want:
+                continue
+            if cur is not None:
+                cur.free()
+            self.buffers[i] = None
+            if want is None:
+                continue
+            chunks: list[Buffer] = []
+            for c, size in enumerate(want):
+                b = self.bufts[i].alloc_buffer(size, BufferUsage.COMPUTE, f"{self.bufts[i].name}#{c}")
+                if b is None:
+                    for done in chunks:
+                        done.free()
+                    return False
+                chunks.append(b)
+            self.buffers[i] = VBuffer(chunks)
+        return True
+
     def free(self) -> None:
         for i, b in enumerate(self.buffers):
             if b is not None and self.shares_allocator(i) == i:

@@ -390,6 +390,14 @@ class Scheduler:
     def buffer_sizes(self) -> list[int]:
         return [self.galloc.buffer_size(i) for i in range(self.n_backends)]
 
+    def buffer_layout(self) -> list[tuple[int, ...] | None]:
+        """The compute buffers' chunk sizes per backend, to hand back to :meth:`restore_buffer_layout`."""
+        return self.galloc.buffer_layout()
+
+    def restore_buffer_layout(self, layout: list[tuple[int, ...] | None]) -> bool:
+        """Put the compute buffers back at a :meth:`buffer_layout` taken earlier (False: a budget refused it)."""
+        return self.galloc.restore_buffer_layout(layout)
+
     def graph_needed_sizes(self) -> list[int]:
         """What the last planned graph alone needs per backend (Σ chunk maxima), 0 for a shared buft."""
         return self.galloc.needed_sizes()

@@ -19,11 +19,12 @@ memory for op offload (``ggml_backend_sched_backend_id_from_cur`` offloads only 
 from __future__ import annotations
 
 import fnmatch
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolkit.backend import Backend, Buffer
-from toolkit.errors import ToolkitError
+from toolkit.errors import ParameterError, ToolkitError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 
 Target = int | Backend | Any  # Any: a JAX device
@@ -46,6 +47,10 @@ def path_str(path: Sequence[Any]) -> str:
     return ".".join(parts)
 
 
+PLACEMENT_ACCEPTED = ("None, a backend index, a Backend, a callable (path, value) -> target, or a mapping "
+                      "(or (pattern, target) pairs) from parameter-path patterns to targets")
+
+
 def _index(target: Target, backends: Sequence[Backend], path: str) -> int:
     if hasattr(target, "platform") and hasattr(target, "id"):  # a JAX device: the backend running on it
         for i, b in enumerate(backends):
@@ -59,6 +64,8 @@ def _index(target: Target, backends: Sequence[Backend], path: str) -> int:
                 return i
         raise ToolkitError(f"placement of {path!r}: backend {target.name!r} is not one of "
                          f"{[b.name for b in backends]}")
+    if isinstance(target, bool) or not isinstance(target, numbers.Integral):
+        raise ParameterError(f"placement of {path!r}", target, "a backend index, a Backend or a JAX device")
     i = int(target)
     n = len(backends)
     if not -n <= i < n:
@@ -83,16 +90,19 @@ def resolve(spec: PlacementSpec, paths: Sequence[str], values: Sequence[Any],
         target: Target | None
         if spec is None:
             target = 0
-        elif isinstance(spec, (int, Backend)):
+        elif isinstance(spec, (int, Backend)) and not isinstance(spec, bool):
             target = spec
         elif isinstance(spec, Mapping) or (isinstance(spec, Sequence) and not isinstance(spec, str)):
             pairs = list(spec.items()) if isinstance(spec, Mapping) else list(spec)
+            if not all(isinstance(p, tuple) and len(p) == 2 for p in pairs):
+                raise ParameterError("placement", spec, PLACEMENT_ACCEPTED,
+                                     "a sequence must hold (pattern, target) pairs")
             target = next((t for k, t in pairs if _matches(k, path, value)), 0)
         elif callable(spec):
             target = spec(path, value)
             target = 0 if target is None else target
         else:
-            raise TypeError(f"placement must be None, an int, a Backend, a callable or a mapping, got {spec!r}")
+            raise ParameterError("placement", spec, PLACEMENT_ACCEPTED)
         out.append(_index(target, backends, path))
     return out
 

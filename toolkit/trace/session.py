@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.errors import AllocationError, ParameterError
 from toolkit.models.devices import make_devices, parse_picker
@@ -192,8 +193,8 @@ class TracedContext:
     def _check_max_nodes(self, max_nodes: Any) -> int | None:
         if max_nodes is None:
             return None
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes <= 0:
-            raise ParameterError("max_nodes", max_nodes, "a positive integer (or None for auto)")
+        validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
+                                  none_means=AUTO_MAX_NODES_TEXT)
         if max_nodes <= max(self.n_nodes, self.n_leafs):
             # the graph holds max_nodes tensors of each kind (ggml asserts n_nodes < size)
             raise ParameterError("max_nodes", max_nodes, f"max_nodes > {max(self.n_nodes, self.n_leafs)}",
@@ -296,8 +297,13 @@ class TracedContext:
         self.scheduler.reserve(self.build().graph)
 
     def _backends(self, devices: Any, budget_mib: float | None = None) -> list[Backend]:
+        accepted = "a picker spec (e.g. 'sim:2'), a list of device specs or a list of backends ending with the CPU"
+        if budget_mib is not None:
+            budget_mib = validate.real("budget_mib", budget_mib, lo=0.0)
         if isinstance(devices, str):
             return backends_from_specs(parse_picker(devices, budget_mib).cparams_devices())
+        if not isinstance(devices, (list, tuple)):    # () is the CPU alone
+            raise ParameterError("devices", devices, accepted)
         items = list(devices)
         if items and all(isinstance(b, Backend) for b in items):
             if not items[-1].is_cpu:
@@ -305,7 +311,7 @@ class TracedContext:
             return items
         if all(isinstance(s, str) for s in items):
             return backends_from_specs(items)
-        raise ParameterError("devices", devices, "a picker spec, device specs or a list of backends")
+        raise ParameterError("devices", devices, accepted)
 
     def _current(self, key: str) -> Any:
         if key == "max_nodes":
@@ -375,9 +381,7 @@ class TracedContext:
 
 
 def _check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ParameterError(name, value, "True or False")
-    return value
+    return validate.boolean(name, value)
 
 
 def _devices_label(backends: Sequence[Backend]) -> str:

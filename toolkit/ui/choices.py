@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from toolkit.context import Context
+from toolkit.errors import ParameterError
 from toolkit.models import presets
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import DeviceSpec, describe_picker, parse_picker
@@ -50,11 +51,11 @@ def resolve_model(model: str) -> Any:
     """A preset name (or its label) -> LlamaHParams; anything ending in .gguf is passed on as a path."""
     if model.lower().endswith(".gguf"):
         if not os.path.exists(model):
-            raise ValueError(f"GGUF file {model!r} does not exist")
+            raise ParameterError("model", model, "a preset name or an existing .gguf file", "no such file")
         return model
     name = _ALIASES.get(model) or _ALIASES.get(model.lower())
     if name is None:
-        raise ValueError(f"model {model!r} unknown: expected one of {', '.join(MODEL_PRESETS)} or a .gguf path")
+        raise ParameterError("model", model, f"one of {', '.join(MODEL_PRESETS)} or a .gguf path", "unknown model")
     return presets.get(name)
 
 
@@ -84,11 +85,11 @@ def parse_placement(text: str) -> Any:
     for part in filter(None, (p.strip() for p in v.split(","))):
         key, sep, idx = part.rpartition(":")
         if not sep or not key.strip() or not re.fullmatch(r"\s*-?\d+\s*", idx):
-            raise ValueError(f"placement {text!r} not understood at {part!r}: expected an index such as 0 or -1, "
-                             "or path:index pairs such as 'fc1.*:0, fc2.*:1'")
+            raise ParameterError("placement", text, "an index such as 0 or -1, or path:index pairs such as "
+                                 "'fc1.*:0, fc2.*:1'", f"not understood at {part!r}")
         out[key.strip()] = int(idx)
     if not out:
-        raise ValueError(f"placement {text!r} is empty: expected an index or path:index pairs")
+        raise ParameterError("placement", text, "an index or path:index pairs", "empty")
     return out
 
 

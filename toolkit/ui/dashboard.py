@@ -25,9 +25,11 @@ from typing import Any
 import ipywidgets as W
 import ipywidgets.widgets.widget as ipywidgets_widget
 import plotly.graph_objects as go
+import traitlets
 
 from toolkit.compare import EventDiff, compare, default_pair
 from toolkit.context import LlamaContextView
+from toolkit.errors import ParameterError, ToolkitError
 from toolkit.reuse import ContextView
 from toolkit.sched.explain import NodeExplanation
 from toolkit.trace.api import Traced
@@ -72,6 +74,23 @@ TRACED_ONLY_CONTROLS = ("placement",)
 POW2 = tuple(2 ** k for k in range(0, 18))
 
 
+class _NotNone(traitlets.Any):
+    allow_none = False     # traitlets.Any ignores allow_none=False given to its constructor
+
+
+class _SizeSlider(W.SelectionSlider):
+    """A SelectionSlider whose value may not be ``None``: ipywidgets' own takes None, then fails on
+    the index and keeps ``value=None`` with the old index, without notifying observers."""
+
+    value = _NotNone(help="Selected value")
+
+    @traitlets.validate("value")
+    def _validate_value(self, proposal: Any) -> Any:
+        if proposal.value is None:
+            raise traitlets.TraitError(f"{self.description}=None is not one of the options")
+        return super()._validate_value(proposal)
+
+
 def _options(lo: int, hi: int, current: int) -> list[int]:
     return sorted({v for v in POW2 if lo <= v <= hi} | {int(current)})
 
@@ -84,9 +103,9 @@ def parse_max_nodes(value: str) -> int | None:
     try:
         n = int(v)
     except ValueError:
-        raise ValueError(f"max_nodes {value!r} is neither 'auto' nor an integer") from None
+        raise ParameterError("max_nodes", value, "'auto' or an integer > 0") from None
     if n <= 0:
-        raise ValueError(f"max_nodes {n} must be > 0")
+        raise ParameterError("max_nodes", value, "'auto' or an integer > 0")
     return n
 
 
@@ -121,6 +140,7 @@ class Dashboard:
         self.fig_width = fig_width
         self.debounce_s = debounce_s
         self.error: str | None = None
+        self.exception: BaseException | None = None   # what made the last change fail (None: it applied)
         self.n_updates = 0                      # ctx.update / context rebuild calls (after coalescing)
         self.timings_ms: dict[str, float] = {}  # the last change: wait (coalescing), update, draw, total
         self._factory = context_factory
@@ -173,11 +193,11 @@ class Dashboard:
                                 tooltip=f"auto = {self.ctx.auto_max_nodes_text}"),
             "parallel": W.Checkbox(value=bool(parallel), description="pipeline parallelism", indent=False),
             "op_offload": W.Checkbox(value=bool(op_offload), description="op offload", indent=False),
-            "n_ctx": W.SelectionSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
+            "n_ctx": _SizeSlider(options=_options(256, 1 << 17, getattr(cp, "n_ctx", 4096)),
                                        value=int(getattr(cp, "n_ctx", 4096)), description="n_ctx", style=style),
-            "n_batch": W.SelectionSlider(options=_options(1, 1 << 13, getattr(cp, "n_batch", 2048)),
+            "n_batch": _SizeSlider(options=_options(1, 1 << 13, getattr(cp, "n_batch", 2048)),
                                          value=int(getattr(cp, "n_batch", 2048)), description="n_batch", style=style),
-            "n_ubatch": W.SelectionSlider(options=_options(1, 1 << 13, getattr(cp, "n_ubatch", 512)),
+            "n_ubatch": _SizeSlider(options=_options(1, 1 << 13, getattr(cp, "n_ubatch", 512)),
                                           value=int(getattr(cp, "n_ubatch", 512)), description="n_ubatch",
                                           style=style),
             "flash_attn": W.Dropdown(options=["auto", "on", "off"], description="flash attention", style=style,
@@ -298,9 +318,12 @@ class Dashboard:
                 self.ctx.update(**changes)
                 self._devices, self._budget = self.controls["devices"].value, self.controls["budget_mib"].value
             self.n_updates += 1
-            self.error = None
-        except Exception as e:  # shown in the dashboard; the context keeps its previous state
-            self.error = f"{type(e).__name__}: {e}"
+            self.error, self.exception = None, None
+        except ToolkitError as e:  # a refused value: shown; the context keeps its previous state
+            self.error, self.exception = f"{type(e).__name__}: {e}", e
+            self._revert(pending)
+        except Exception as e:  # a bug: the widget stays alive and says so (the traceback is kept)
+            self.error, self.exception = f"internal error, please report it: {type(e).__name__}: {e}", e
             self._revert(pending)
         t_draw = time.perf_counter()
         self.refresh()
@@ -649,7 +672,8 @@ def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: floa
     """
     if not isinstance(model, str):
         if cparams:
-            raise ValueError(f"{', '.join(cparams)}: context parameters do not apply to a traced function")
+            raise ParameterError(", ".join(cparams), "given", "no context parameters for a traced function "
+                                 "(its graph is fixed)")
         return Dashboard(_as_context(model, devices, budget_mib), debounce_s=debounce_s)
     if devices is None:
         devices = "cpu"
