@@ -70,6 +70,11 @@ def test_figure_traces_carry_each_probe(fitted: FitPanel) -> None:
         target = traces[f"{m.name} target (free − margin)"]
         assert list(target.y) == [(1200 - MARGIN)] * 2           # 1200 MiB free, 1100 MiB kept
     assert fig.layout.meta["printed"] == r.printed
+    chosen = fig.layout.meta["chosen"]                          # the star: the probe of the printed parameters
+    star = r.probes[chosen - 1]
+    assert [star.used(d) for d in range(len(r.memory))] == list(r.used)
+    assert text.fit_probe_label(star.params).startswith(f"-c {r.fitted.c} -ngl {r.fitted.ngl}")
+    assert [s for s in traces["SIM0 used"].marker.symbol].count("star") == 1
     # the widget shows the same figure
     shown = {t.name: t for t in fitted.figure.data}
     assert list(shown["SIM1 used"].y) == list(traces["SIM1 used"].y)

@@ -379,11 +379,16 @@ def fit_probes(result: FitResult) -> go.Figure:
     """``common_params_fit_impl``'s probes in order: the memory each one uses per device
     (``llama_get_memory_breakdown``: weights + KV cache + pp compute buffers) against the target
     per device, free − margin (``--fit-target``). Each probe trace's ``customdata`` holds the exact
-    bytes per probe; hover shows the probe's parameters and its model/context/compute split."""
+    bytes per probe; hover shows the probe's parameters and its model/context/compute split. The
+    probe of the chosen parameters is a star (``layout.meta["chosen"]``, 1-based)."""
     names = [m.name for m in result.memory] or (["Host"] if result.host is not None else [])
     targets = text.fit_targets(result)
     xs = list(range(1, len(result.probes) + 1))
     labels = [text.fit_probe_label(p.params) for p in result.probes]
+    # the probe fit settled on: the last one using what the fitted parameters use (None: fit did not settle)
+    n_dev = len(result.memory)
+    chosen = next((i for i in range(len(result.probes) - 1, -1, -1) if n_dev and result.status == "success"
+                   and tuple(result.probes[i].used(d) for d in range(n_dev)) == tuple(result.used)), None)
     traces: list[dict[str, Any]] = []
     for d, name in enumerate(names):
         rows = [p.breakdown.devices[d] if result.memory else p.breakdown.host for p in result.probes]
@@ -391,9 +396,12 @@ def fit_probes(result: FitResult) -> go.Figure:
         traces.append({
             "type": "scatter", "x": xs, "y": [r.total / MIB for r in rows], "mode": "lines+markers",
             "name": f"{name} used", "customdata": [[r.total] for r in rows],
-            "marker": {"color": colour, "size": 9, "symbol": "circle"}, "line": {"color": colour, "width": 2},
-            "hovertext": [f"<b>probe {x}</b>: {lab}<br>{name}: {size_label(r.total)}<br>model {mib(r.model)}, "
-                          f"context {mib(r.context)}, compute {mib(r.compute)}" for x, lab, r in zip(xs, labels, rows)],
+            "marker": {"color": colour, "size": [16 if i == chosen else 9 for i in range(len(xs))],
+                       "symbol": ["star" if i == chosen else "circle" for i in range(len(xs))]},
+            "line": {"color": colour, "width": 2},
+            "hovertext": [f"<b>probe {x}</b>{' (chosen)' if x - 1 == chosen else ''}: {lab}<br>{name}: "
+                          f"{size_label(r.total)}<br>model {mib(r.model)}, context {mib(r.context)}, "
+                          f"compute {mib(r.compute)}" for x, lab, r in zip(xs, labels, rows)],
             "hoverinfo": "text", "meta": {"device": name, "kind": "used"}})
         if d < len(targets):
             traces.append({
@@ -408,7 +416,8 @@ def fit_probes(result: FitResult) -> go.Figure:
                            tickmode="array", tickvals=xs, ticktext=[f"{x}<br>{lab}" if len(xs) <= 6 else str(x)
                                                                     for x, lab in zip(xs, labels)])
     layout["yaxis"].update(title={"text": "MiB per device", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
-    layout["meta"] = {"printed": result.printed, "status": result.status, "n_probes": len(xs)}
+    layout["meta"] = {"printed": result.printed, "status": result.status, "n_probes": len(xs),
+                      "chosen": None if chosen is None else chosen + 1}
     return go.Figure(data=traces, layout=layout)
 
 
