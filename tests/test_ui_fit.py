@@ -50,11 +50,13 @@ def test_plain_numbers_are_mib() -> None:
 
 
 def test_panel_with_flags_matches_cli() -> None:
-    panel = FitPanel("small", budgets="1150M", fit_target=1024, fit_ctx=1024, flags="-fa on -c 0 -ub 256")
+    # one device with 86 MiB above the margin: the unset context shrinks between --fit-ctx and n_ctx_train
+    panel = FitPanel("small", budgets="1110", fit_target=1024, fit_ctx=1024, flags="-fa on -c 0 -ub 256")
     assert panel.fit() is not None, panel.error
-    line = cli_fit("-m", "small", "-fa", "on", "-c", "0", "-ub", "256", "--device", "sim:1150M",
+    line = cli_fit("-m", "small", "-fa", "on", "-c", "0", "-ub", "256", "--device", "sim:1110M",
                    "--fit-target", "1024", "--fit-ctx", "1024")
     assert panel.printed == line
+    assert "-ngl -1" in line and "-c 4096" not in line and "-c 1024" not in line
 
 
 def test_figure_traces_carry_each_probe(fitted: FitPanel) -> None:

@@ -288,10 +288,10 @@ class FitPanel:
                            f"<div style='opacity:0.7'>same as: <code>{html.escape(self.command)}</code></div>")
         fig = figures.fit_probes(r)
         fig.update_layout(width=self.fig_width)
-        with self.figure.batch_update():
-            self.figure.data = ()
-            self.figure.add_traces(list(fig.data))
-            self.figure.layout = fig.layout
+        # a fresh widget per result: its synced state is the figure (a saved notebook shows this fit)
+        old, self.figure = self.figure, go.FigureWidget(fig).add_class("toolkit-fit-probes")
+        self.widget.children = tuple(self.figure if w is old else w for w in self.widget.children)
+        old.close()
         self.table.value = real_run_html(real)
         log = "\n".join([text.fit_probes_text(r), "", *r.log_lines])
         self.log.value = (f"<details><summary>common_params_fit_impl log ({len(r.log_lines)} lines)</summary>"
