@@ -115,7 +115,7 @@ def test_impossible_fit_shows_what_is_missing_and_keeps_the_result() -> None:
 
 @pytest.mark.parametrize(("control", "value"), [
     ("budgets", "24Q"), ("budgets", ""), ("budgets", "24G,,24G"), ("budgets", "0"), ("budgets", "-3G"),
-    ("fit_target", "x"), ("fit_target", "-5"), ("fit_target", "1024,1024,1024"), ("fit_ctx", -1),
+    ("fit_target", "x"), ("fit_target", "-5"), ("fit_target", "1024,1024,1024"), ("fit_ctx", -1), ("fit_ctx", "many"),
     ("flags", "-fa maybe"), ("flags", "--device sim:1G"), ("flags", "-m tiny"), ("flags", "'unclosed"),
     ("kind", "rpc"),
 ])
@@ -137,6 +137,7 @@ def test_bad_input_names_the_control(control: str, value: object) -> None:
             fit_args(**{"budgets": BUDGETS, "fit_target": MARGIN, "fit_ctx": 4096, "flags": "",
                         control: value})   # type: ignore[arg-type]
     assert info.value.param == control
+    assert panel.button.description == "fit" and not panel.button.disabled
 
 
 def test_unknown_control() -> None:

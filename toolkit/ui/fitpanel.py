@@ -31,6 +31,7 @@ from typing import Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import traitlets
 
 from toolkit.errors import ParameterError, ToolkitError
 from toolkit.fit import FitImpossible, FitResult, RealRun, fit_params, real_run
@@ -217,12 +218,22 @@ class FitPanel:
 
         Returns the new result, or None when the fit was refused (``error``/``exception`` say why;
         the previous result stays shown)."""
+        self.button.disabled, self.button.description = True, "fitting…"
+        try:
+            return self._fit(controls)
+        finally:
+            self.button.disabled, self.button.description = False, "fit"
+
+    def _fit(self, controls: dict[str, Any]) -> FitResult | None:
         try:
             for k, v in controls.items():
                 if k not in self.controls:
                     raise ParameterError("control", k, ", ".join(self.controls))
                 w = self.controls[k]
-                w.value = str(v) if isinstance(w, W.Text) else v
+                try:
+                    w.value = str(v) if isinstance(w, W.Text) else v
+                except traitlets.TraitError as e:     # e.g. a word for the integer --fit-ctx
+                    raise ParameterError(k, v, "a value of the control's type", str(e)) from None
             args = self.inputs()
             hp, _ = self._source()
             r = fit_params(hp, args, device_memory(args))
