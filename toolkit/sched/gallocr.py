@@ -360,18 +360,23 @@ class GraphAllocator:
             if no_alloc:
                 self.buffers[i] = None
                 continue
-            chunks: list[Buffer] = []
-            for c, size in enumerate(new_chunks):
-                b = self.bufts[i].alloc_buffer(size, BufferUsage.COMPUTE, f"{self.bufts[i].name}#{c}")
-                if b is None:
-                    for done in chunks:
-                        done.free()
-                    self.buffers[i] = None
-                    self.failed = f"failed to allocate {self.bufts[i].name} buffer of size {sum(new_chunks)}"
-                    return False
-                chunks.append(b)
-            self.buffers[i] = VBuffer(chunks)
+            self.buffers[i] = self._alloc_chunks(i, new_chunks)
+            if self.buffers[i] is None:
+                self.failed = f"failed to allocate {self.bufts[i].name} buffer of size {sum(new_chunks)}"
+                return False
         return True
+
+    def _alloc_chunks(self, i: int, sizes: Sequence[int]) -> VBuffer | None:
+        """One backend buffer per chunk for buffer id i; None (nothing kept) when one is refused."""
+        chunks: list[Buffer] = []
+        for c, size in enumerate(sizes):
+            b = self.bufts[i].alloc_buffer(size, BufferUsage.COMPUTE, f"{self.bufts[i].name}#{c}")
+            if b is None:
+                for done in chunks:
+                    done.free()
+                return None
+            chunks.append(b)
+        return VBuffer(chunks)
 
     def buffer_size(self, i: int) -> int:
         """``ggml_gallocr_get_buffer_size``: 0 when null or the same buffer as an earlier id."""
@@ -412,18 +417,9 @@ class GraphAllocator:
                 continue
             if cur is not None:
                 cur.free()
-            self.buffers[i] = None
-            if want is None:
-                continue
-            chunks: list[Buffer] = []
-            for c, size in enumerate(want):
-                b = self.bufts[i].alloc_buffer(size, BufferUsage.COMPUTE, f"{self.bufts[i].name}#{c}")
-                if b is None:
-                    for done in chunks:
-                        done.free()
-                    return False
-                chunks.append(b)
-            self.buffers[i] = VBuffer(chunks)
+            self.buffers[i] = None if want is None else self._alloc_chunks(i, want)
+            if want is not None and self.buffers[i] is None:
+                return False
         return True
 
     def free(self) -> None:
