@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import ipywidgets.widgets.widget as ipywidgets_widget
@@ -48,6 +48,10 @@ from toolkit.ui.choices import (
 from toolkit.ui.inspect import diff_html, explanation_html, split_html, tensor_html
 from toolkit.ui.layers import Collapse
 from toolkit.ui.text import badge_html, badge_text
+
+if TYPE_CHECKING:
+    from toolkit.models.hparams import LlamaHParams
+    from toolkit.ui.fitpanel import FitPanel
 
 # dashboard control -> keyword of ctx.update (the context's cparams names, as in llama_context's cparams)
 # (max_nodes / parallel are the context's overrides of llama_context::graph_max_nodes and of the
@@ -251,7 +255,14 @@ class Dashboard:
         self.compare_toggle.observe(self._on_compare_toggle, names=["value"])
         self.compare_a.observe(self._on_compare_pick, names=["value"])
         self.compare_b.observe(self._on_compare_pick, names=["value"])
+        # fit to budget (toolkit.ui.fitpanel): common_fit_params for the current model, built when opened
+        self.fit_toggle = W.ToggleButton(value=False, description="fit to budget", icon="compress",
+                                         layout=W.Layout(width="190px")).add_class("toolkit-fit-toggle")
+        self.fit_box = W.VBox([], layout=W.Layout(display="none")).add_class("toolkit-fit-box")
+        self.fit_panel: FitPanel | None = None
+        self.fit_toggle.observe(self._on_fit_toggle, names=["value"])
         if isinstance(self.ctx, TracedContext):
+            self.fit_toggle.layout.display = "none"     # a traced function has no llama model to fit
             self.run_button.description = "run vs jax.jit"
             self.runtime.value = f"{html.escape(self.ctx.name)}: not run yet"
         rows = [("model", "gguf", "devices", "budget_mib", "placement"),
@@ -263,7 +274,8 @@ class Dashboard:
         self.widget = W.VBox([
             *boxes,
             self.badge, self.errors,
-            self.figures["timeline"], self.compare_toggle, self.compare_box, self.figures["buffers"],
+            self.figures["timeline"], self.compare_toggle, self.compare_box, self.fit_toggle, self.fit_box,
+            self.figures["buffers"],
             self.collapse, self.figures["split_map"], self.figures["memory_layout"], self.inspect,
             W.HBox(run_row), self.runtime,
         ]).add_class("toolkit-dashboard")
@@ -531,6 +543,32 @@ class Dashboard:
             return
         self.diff = compare(ea, eb, events)
         self.compare_html.value = diff_html(self.diff)
+
+    # ---------------------------------------------------------------- fit to budget
+    def _on_fit_toggle(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.open_fit()
+        self.fit_box.layout.display = "flex" if change["new"] else "none"
+
+    def open_fit(self) -> FitPanel:
+        """Open the fit-to-budget panel (a :class:`toolkit.ui.fitpanel.FitPanel` of the current model)."""
+        if self.fit_panel is None:
+            from toolkit.ui.fitpanel import FitPanel, flags_of
+
+            ctx = self.ctx
+            assert isinstance(ctx, LlamaContextView)
+            kind, _, n = str(self._devices).partition(":")
+            budgets = ",".join(["24G"] * (int(n) if kind in ("sim", "cuda") and n.isdigit() else 1))
+            self.fit_panel = FitPanel(lambda: (self._llama_hparams(), preset_of(self._llama_hparams())),
+                                      budgets=budgets, kind=kind if kind == "cuda" else "sim",
+                                      flags=flags_of(ctx.cparams), fig_width=self.fig_width)
+            self.fit_box.children = (self.fit_panel.widget,)
+        self.fit_toggle.value = True
+        return self.fit_panel
+
+    def _llama_hparams(self) -> LlamaHParams:
+        assert isinstance(self.ctx, LlamaContextView)
+        return self.ctx.hparams
 
     # ---------------------------------------------------------------- share
     def save_html(self, path: str | Path) -> Path:

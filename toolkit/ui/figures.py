@@ -15,6 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from toolkit.fit import FitResult
 from toolkit.reuse import CompileEvent, ReserveEvent
 from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import Plan
@@ -374,4 +375,50 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
     return go.Figure(data=traces, layout=layout)
 
 
-__all__ = ["badge", "buffer_sizes", "memory_layout", "split_map", "timeline"]
+def fit_probes(result: FitResult) -> go.Figure:
+    """``common_params_fit_impl``'s probes in order: the memory each one uses per device
+    (``llama_get_memory_breakdown``: weights + KV cache + pp compute buffers) against the target
+    per device, free − margin (``--fit-target``). Each probe trace's ``customdata`` holds the exact
+    bytes per probe; hover shows the probe's parameters and its model/context/compute split. The
+    probe of the chosen parameters is a star (``layout.meta["chosen"]``, 1-based)."""
+    names = [m.name for m in result.memory] or (["Host"] if result.host is not None else [])
+    targets = text.fit_targets(result)
+    xs = list(range(1, len(result.probes) + 1))
+    labels = [text.fit_probe_label(p.params) for p in result.probes]
+    # the probe fit settled on: the last one using what the fitted parameters use (None: fit did not settle)
+    n_dev = len(result.memory)
+    chosen = next((i for i in range(len(result.probes) - 1, -1, -1) if n_dev and result.status == "success"
+                   and tuple(result.probes[i].used(d) for d in range(n_dev)) == tuple(result.used)), None)
+    traces: list[dict[str, Any]] = []
+    for d, name in enumerate(names):
+        rows = [p.breakdown.devices[d] if result.memory else p.breakdown.host for p in result.probes]
+        colour = backend_colour(d)
+        traces.append({
+            "type": "scatter", "x": xs, "y": [r.total / MIB for r in rows], "mode": "lines+markers",
+            "name": f"{name} used", "customdata": [[r.total] for r in rows],
+            "marker": {"color": colour, "size": [16 if i == chosen else 9 for i in range(len(xs))],
+                       "symbol": ["star" if i == chosen else "circle" for i in range(len(xs))]},
+            "line": {"color": colour, "width": 2},
+            "hovertext": [f"<b>probe {x}</b>{' (chosen)' if x - 1 == chosen else ''}: {lab}<br>{name}: "
+                          f"{size_label(r.total)}<br>model {mib(r.model)}, context {mib(r.context)}, "
+                          f"compute {mib(r.compute)}" for x, lab, r in zip(xs, labels, rows)],
+            "hoverinfo": "text", "meta": {"device": name, "kind": "used"}})
+        if d < len(targets):
+            traces.append({
+                "type": "scatter", "x": [0.5, len(xs) + 0.5], "y": [targets[d] / MIB] * 2, "mode": "lines",
+                "name": f"{name} target (free − margin)", "customdata": [[targets[d]], [targets[d]]],
+                "line": {"color": colour, "width": 1.5, "dash": "dash"}, "hoverinfo": "name+y",
+                "meta": {"device": name, "kind": "target"}})
+    title = (f"fit probes: {result.printed}" if result.printed else f"fit probes ({result.status})")
+    layout = base_layout(title[:120], height=360)
+    layout["xaxis"].update(title={"text": "probe (common_get_device_memory_data_impl, in order)",
+                                  "font": {"color": NEUTRAL_TEXT}},
+                           tickmode="array", tickvals=xs, ticktext=[f"{x}<br>{lab}" if len(xs) <= 6 else str(x)
+                                                                    for x, lab in zip(xs, labels)])
+    layout["yaxis"].update(title={"text": "MiB per device", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
+    layout["meta"] = {"printed": result.printed, "status": result.status, "n_probes": len(xs),
+                      "chosen": None if chosen is None else chosen + 1}
+    return go.Figure(data=traces, layout=layout)
+
+
+__all__ = ["badge", "buffer_sizes", "fit_probes", "memory_layout", "split_map", "timeline"]

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 from toolkit.compare import EventDiff
 from toolkit.context import Reason, ReserveEvent, SchedParams
+from toolkit.fit import FitResult, ProbeParams
 from toolkit.sched.plan import BufferPlan, Plan, TensorAlloc
 from toolkit.ui.layers import Collapse, node_runs
-from toolkit.ui.style import DECISION_COLOUR, mib, nbytes_exact, onoff
+from toolkit.ui.style import DECISION_COLOUR, MIB, mib, nbytes_exact, onoff
 
 
 def params_text(p: SchedParams | None) -> str:
@@ -219,3 +220,38 @@ def diff_text(d: EventDiff) -> str:
             lines.append(f"    {i.name}{' (weight)' if i.is_weight else ''} {i.from_backend} -> {i.to_backend} "
                          f"{nbytes_exact(i.nbytes)}, read by {i.reader or '?'} ({i.reader_cause or '?'})")
     return "\n".join(lines)
+
+
+# ---- fit to budget (common_params_fit_impl's probes, toolkit.fit) --------------------------------
+
+def fit_probe_label(p: ProbeParams) -> str:
+    """One probe's parameters as llama.cpp flags: ``-c 4096 -ngl 28``, ``-ts 17,16``, ``-ot ×14``."""
+    ngl = "all" if p.n_gpu_layers < 0 else str(p.n_gpu_layers)
+    out = f"-c {p.n_ctx} -ngl {ngl}"
+    if p.tensor_split:
+        out += " -ts " + ",".join(f"{x:g}" for x in p.tensor_split)
+    if p.tensor_overrides:
+        out += f" -ot ×{len(p.tensor_overrides)}"
+    return out
+
+
+def fit_probes_text(result: FitResult) -> str:
+    """Each probe of ``common_params_fit_impl`` (``common_get_device_memory_data_impl``): its
+    parameters and the MiB it uses per device, then the target per device (free − margin)."""
+    names = [m.name for m in result.memory] or ["Host"]
+    lines = [f"{'#':>3s}  {'probe':34s} " + " ".join(f"{n:>10s}" for n in names)]
+    for i, p in enumerate(result.probes, 1):
+        used = [p.used(d) for d in range(len(result.memory))] or [p.breakdown.host.total]
+        lines.append(f"{i:3d}  {fit_probe_label(p.params):34s} " + " ".join(f"{u / MIB:10.2f}" for u in used))
+    lines.append(f"{'':3s}  {'target (free - margin)':34s} "
+                 + " ".join(f"{t / MIB:10.2f}" for t in fit_targets(result)))
+    return "\n".join(lines)
+
+
+def fit_targets(result: FitResult) -> list[int]:
+    """Bytes each device may use and keep its margin (``--fit-target``): free − margin (host: total − margin)."""
+    if result.memory:
+        return [m.free - t for m, t in zip(result.memory, result.targets)]
+    if result.host is not None and result.targets:
+        return [result.host.total - result.targets[0]]
+    return []
