@@ -183,9 +183,12 @@ class Context:
     # ---- graphs --------------------------------------------------------------------------------
     def max_nodes(self) -> int:
         """The override, else ``llama_context::graph_max_nodes``."""
+        return self.max_nodes_override or self.auto_max_nodes()
+
+    def auto_max_nodes(self) -> int:
+        """``llama_context::graph_max_nodes`` for the current model and ubatch."""
         rp = self.setup.resolved
-        n_tokens = min(rp.n_ctx, rp.n_ubatch)
-        return self.max_nodes_override or graph_max_nodes(self.setup.model.n_tensors, n_tokens)
+        return graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))
 
     def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
                           graph_size: int | None = None) -> LlamaGraph:
@@ -373,8 +376,7 @@ class Context:
     def _shown(self, key: str, value: Any) -> Any:
         """A change as the trigger shows it: max_nodes=None is llama.cpp's graph_max_nodes, "auto (N)"."""
         if key == "max_nodes" and value is None:
-            rp = self.setup.resolved
-            return f"auto ({graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))})"
+            return f"auto ({self.auto_max_nodes()})"
         return value
 
     def _current(self, key: str) -> Any:

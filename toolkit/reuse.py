@@ -418,7 +418,6 @@ class SchedulerHolder:
         """
         saved_owner = owner.save_state()
         saved = (self.scheduler, self.params_cur, self.params_req)
-        old_sizes = None if self.scheduler is None else self.scheduler.buffer_sizes()
         old_layout = None if self.scheduler is None else self.scheduler.buffer_layout()
         try:
             return change()
@@ -428,12 +427,11 @@ class SchedulerHolder:
             self.scheduler, self.params_cur, self.params_req = saved
             if failed is not None and failed is not self.scheduler:
                 failed.free()
-            if self.scheduler is not None and old_sizes is not None and self.scheduler.buffer_sizes() != old_sizes:
+            if self.scheduler is not None and old_layout is not None and self.scheduler.buffer_layout() != old_layout:
                 # the attempt freed or grew the kept scheduler's buffers: plan them again from scratch,
                 # then give the buffers back the sizes earlier reserves had grown them to
                 self.scheduler.free()
                 owner.replan()
-                assert old_layout is not None
                 restored = self.scheduler.restore_buffer_layout(old_layout)
                 assert restored, "the kept scheduler's buffers could not be allocated again"
             if isinstance(e, AllocationError) and trigger:

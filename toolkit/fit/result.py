@@ -86,18 +86,31 @@ class FitResult:
         # an all-zero split is the default split by free memory, with or without -ts
         return self.status == "success" and ts is not None and any(ts) and self.fitted.as_printed().ts != ts
 
+    @property
+    def limits(self) -> list[int]:
+        """Bytes each device may use and keep its margin (``--fit-target``): free − margin
+        (CPU only: the host's total − margin)."""
+        if self.memory:
+            return [m.free - t for m, t in zip(self.memory, self.targets)]
+        if self.host is not None and self.targets:
+            return [self.host.total - self.targets[0]]
+        return []
+
+    @property
+    def chosen_probe(self) -> int | None:
+        """Index of the probe fit settled on: the last one using what the fitted parameters use
+        (None when fit did not succeed)."""
+        if self.status != "success" or not self.memory:
+            return None
+        n = len(self.memory)
+        return next((i for i in range(len(self.probes) - 1, -1, -1)
+                     if tuple(self.probes[i].used(d) for d in range(n)) == tuple(self.used)), None)
+
     def missing_mib(self) -> dict[str, int]:
         """MiB each device lacks to keep its margin with the fitted parameters (only short devices)."""
-        out: dict[str, int] = {}
-        for m, used, t in zip(self.memory, self.used, self.targets):
-            short = used - (m.free - t)
-            if short > 0:
-                out[m.name] = -(-short // MiB)
-        if not self.memory and self.host is not None and self.targets:
-            short = self.host_used - (self.host.total - self.targets[0])
-            if short > 0:
-                out["Host"] = -(-short // MiB)
-        return out
+        names = [m.name for m in self.memory] or ["Host"]
+        used = self.used if self.memory else (self.host_used,)
+        return {name: -(-(u - limit) // MiB) for name, u, limit in zip(names, used, self.limits) if u > limit}
 
     def check(self) -> FitResult:
         """Raise :class:`FitImpossible` when a device stays short of its margin; else return self."""

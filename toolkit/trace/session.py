@@ -110,8 +110,8 @@ class TracedContext:
         g = traced.graph
         self.n_nodes, self.n_leafs = g.n_nodes, g.n_leafs
         self.max_nodes_override = self._check_max_nodes(max_nodes)
-        self.parallel = _check_flag("parallel", parallel)
-        self.op_offload = _check_flag("op_offload", op_offload)
+        self.parallel = validate.boolean("parallel", parallel)
+        self.op_offload = validate.boolean("op_offload", op_offload)
         if devices is None and traced.backends is None:
             devices = "cpu"
         backends = traced.backends if devices is None else self._backends(devices)
@@ -193,8 +193,9 @@ class TracedContext:
     def _check_max_nodes(self, max_nodes: Any) -> int | None:
         if max_nodes is None:
             return None
-        validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
-                                  none_means=AUTO_MAX_NODES_TEXT)
+        max_nodes = validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
+                                              none_means=AUTO_MAX_NODES_TEXT)
+        assert max_nodes is not None
         if max_nodes <= max(self.n_nodes, self.n_leafs):
             # the graph holds max_nodes tensors of each kind (ggml asserts n_nodes < size)
             raise ParameterError("max_nodes", max_nodes, f"max_nodes > {max(self.n_nodes, self.n_leafs)}",
@@ -261,9 +262,9 @@ class TracedContext:
         if "max_nodes" in changes:
             self.max_nodes_override = self._check_max_nodes(changes["max_nodes"])
         if "parallel" in changes:
-            self.parallel = _check_flag("parallel", changes["parallel"])
+            self.parallel = validate.boolean("parallel", changes["parallel"])
         if "op_offload" in changes:
-            self.op_offload = _check_flag("op_offload", changes["op_offload"])
+            self.op_offload = validate.boolean("op_offload", changes["op_offload"])
         reasons: list[Reason] = []
         backends = self.backends
         if "devices" in changes or "budget_mib" in changes:
@@ -378,10 +379,6 @@ class TracedContext:
     def __repr__(self) -> str:
         return (f"TracedContext({self.name}, backends=[{', '.join(b.name for b in self.backends)}], "
                 f"sched={self.sched_params_cur}, events={len(self.events)})")
-
-
-def _check_flag(name: str, value: Any) -> bool:
-    return validate.boolean(name, value)
 
 
 def _devices_label(backends: Sequence[Backend]) -> str:

@@ -382,13 +382,10 @@ def fit_probes(result: FitResult) -> go.Figure:
     bytes per probe; hover shows the probe's parameters and its model/context/compute split. The
     probe of the chosen parameters is a star (``layout.meta["chosen"]``, 1-based)."""
     names = [m.name for m in result.memory] or (["Host"] if result.host is not None else [])
-    targets = text.fit_targets(result)
+    targets = result.limits
     xs = list(range(1, len(result.probes) + 1))
     labels = [text.fit_probe_label(p.params) for p in result.probes]
-    # the probe fit settled on: the last one using what the fitted parameters use (None: fit did not settle)
-    n_dev = len(result.memory)
-    chosen = next((i for i in range(len(result.probes) - 1, -1, -1) if n_dev and result.status == "success"
-                   and tuple(result.probes[i].used(d) for d in range(n_dev)) == tuple(result.used)), None)
+    chosen = result.chosen_probe
     traces: list[dict[str, Any]] = []
     for d, name in enumerate(names):
         rows = [p.breakdown.devices[d] if result.memory else p.breakdown.host for p in result.probes]

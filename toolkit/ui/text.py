@@ -244,14 +244,6 @@ def fit_probes_text(result: FitResult) -> str:
         used = [p.used(d) for d in range(len(result.memory))] or [p.breakdown.host.total]
         lines.append(f"{i:3d}  {fit_probe_label(p.params):34s} " + " ".join(f"{u / MIB:10.2f}" for u in used))
     lines.append(f"{'':3s}  {'target (free - margin)':34s} "
-                 + " ".join(f"{t / MIB:10.2f}" for t in fit_targets(result)))
+                 + " ".join(f"{t / MIB:10.2f}" for t in result.limits))
     return "\n".join(lines)
 
-
-def fit_targets(result: FitResult) -> list[int]:
-    """Bytes each device may use and keep its margin (``--fit-target``): free − margin (host: total − margin)."""
-    if result.memory:
-        return [m.free - t for m, t in zip(result.memory, result.targets)]
-    if result.host is not None and result.targets:
-        return [result.host.total - result.targets[0]]
-    return []
