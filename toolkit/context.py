@@ -195,8 +195,8 @@ class Context:
         """Reset the scheduler, build llama's graph and apply the graph callback's pins
         (``llama_context::graph_get_cb``); the LlamaGraph keeps its inputs, logits and pins."""
         self.scheduler.reset()
-        lg = self.setup.builder(graph_size or self.max_nodes()).build(
-            n_tokens, n_seqs, n_tokens if n_outputs is None else n_outputs)
+        lg = self.setup.build_graph(graph_size or self.max_nodes(), n_tokens, n_seqs,
+                                    n_tokens if n_outputs is None else n_outputs)
         apply_pins(self.scheduler, lg, self.setup)
         self.last_graph = lg
         return lg
@@ -227,16 +227,16 @@ class Context:
         rp = self.setup.resolved
         n_tokens, n_outputs = reserve_shape(min(rp.n_ctx, rp.n_ubatch), rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch))
         try:
-            g = self.setup.builder(params.max_nodes).build(n_tokens, rp.n_seq_max, n_outputs).graph
+            n_nodes, n_leafs = self.setup.graph_counts(params.max_nodes, n_tokens, rp.n_seq_max, n_outputs)
         except GraphFull as e:
             raise ParameterError("max_nodes", params.max_nodes, "room for every node of the graph",
                                  f"too small for the graph: {e}") from None
         h = self.holder.hash_capacity_for(params)
-        if g.n_nodes + g.n_leafs > h:
+        if n_nodes + n_leafs > h:
             raise ParameterError(
                 "max_nodes", params.max_nodes, "a hash set that holds every node and leaf",
-                f"too small for the graph: n_nodes + n_leafs = {g.n_nodes} + {g.n_leafs} = "
-                f"{g.n_nodes + g.n_leafs} exceeds the scheduler's hash capacity {h}")
+                f"too small for the graph: n_nodes + n_leafs = {n_nodes} + {n_leafs} = "
+                f"{n_nodes + n_leafs} exceeds the scheduler's hash capacity {h}")
 
     # ---- llama_context::sched_reserve -------------------------------------------------------------
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:

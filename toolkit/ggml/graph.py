@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from toolkit.errors import ToolkitError
 from toolkit.ggml.tensor import Op, Tensor, TensorFlag
@@ -96,6 +96,40 @@ class Graph:
             if not t.name:
                 t.name = f"node_{len(self.nodes)}"
             self.nodes.append(t)
+
+    def copy(self, size: int, shared: Callable[[Tensor], bool]) -> tuple[Graph, Callable[[Tensor], Tensor]]:
+        """A graph of new tensors with the same fields and the same structure, holding up to ``size``
+        nodes and leafs; tensors for which ``shared(t)`` is true (allocated ones: weights, the KV
+        cache) are not copied. Returns the graph and a function from an old tensor to its copy (which
+        copies, once, a tensor outside the graph too).
+
+        Building the same graph again gives the same result; a copy is cheaper, and the scheduler may
+        redirect the copy's sources without touching this graph.
+        """
+        if self.n_nodes > size or self.n_leafs > size:
+            raise GraphFull(f"graph capacity {size} is smaller than the graph's {self.n_nodes} nodes "
+                            f"and {self.n_leafs} leafs")
+        memo: dict[int, Tensor] = {}
+
+        def get(t: Tensor) -> Tensor:
+            c = memo.get(id(t))
+            if c is not None:
+                return c
+            if shared(t):
+                memo[id(t)] = t
+                return t
+            # a tensor reached through a source or view base but not in the graph (or not yet)
+            vs = t.view_src
+            c = t.duplicate([None if s is None else get(s) for s in t.src], None if vs is None else get(vs))
+            memo[id(t)] = c
+            return c
+
+        g = Graph(size)
+        g.leafs = [get(t) for t in self.leafs]
+        g.nodes = [get(t) for t in self.nodes]
+        g.visited = {id(memo[i]) if i in memo else i for i in self.visited}
+        g.use_counts = {id(memo[i]) if i in memo else i: n for i, n in self.use_counts.items()}
+        return g, get
 
     def use_count(self, t: Tensor) -> int:
         return self.use_counts.get(id(t), 0)

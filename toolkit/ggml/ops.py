@@ -62,7 +62,7 @@ def view_tensor(a: Tensor) -> Tensor:
 
 def _op(result: Tensor, op: Op, *src: Tensor | None, **params: object) -> Tensor:
     result.op = op
-    result.src[: len(src)] = list(src)
+    result.src = list(src)
     result.op_params.update(params)
     return result
 

@@ -122,6 +122,8 @@ class Tensor:
     """A ggml tensor. Compared and hashed by identity, as ggml keys tensors by pointer.
 
     ``src`` is a list so the scheduler can redirect sources to copies (``ggml_backend_sched_split_graph`` pass 5).
+    It holds the sources the op was given, optional ones as None (ggml's fixed ``src[GGML_MAX_SRC]``
+    array without its trailing empty slots, which every pass over the sources would skip).
     ``buffer`` is set for pre-allocated tensors (weights, KV cache): any object with
     ``buft`` and ``usage`` attributes, such as ``toolkit.backend.Buffer``.
     """
@@ -173,7 +175,7 @@ class Tensor:
         )
         self.op = op
         self.op_params: dict[str, Any] = dict(op_params or {})
-        self.src: list[Tensor | None] = list(src) + [None] * (MAX_SRC - len(src))
+        self.src: list[Tensor | None] = list(src)
         self.view_src = view_src
         self.view_offs = view_offs
         self.flags = TensorFlag.NONE
@@ -182,6 +184,17 @@ class Tensor:
         self.buffer: Any = None
         self.data: Any = None
         self.extra: Any = None
+
+    def duplicate(self, src: list[Tensor | None], view_src: Tensor | None) -> Tensor:
+        """A new tensor with this one's fields, over the given sources and view base (no checks: the
+        fields were checked when this one was made). Graph copies are built from it."""
+        t = Tensor.__new__(Tensor)
+        t.type, t.ne, t.nb, t.op = self.type, self.ne, self.nb, self.op
+        t.op_params = dict(self.op_params) if self.op_params else {}
+        t.src, t.view_src, t.view_offs = src, view_src, self.view_offs
+        t.flags, t.name = self.flags, self._name
+        t.buffer, t.data, t.extra = self.buffer, self.data, self.extra
+        return t
 
     # ---- identity -------------------------------------------------------------------
     __hash__ = object.__hash__
@@ -298,19 +311,15 @@ class Tensor:
 
 
 def _nbytes(type_: GGMLType, ne: Sequence[int], nb: Sequence[int]) -> int:
-    for x in ne:
-        if x <= 0:
-            return 0
+    ne0, ne1, ne2, ne3 = ne
+    if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
+        return 0
+    nb0, nb1, nb2, nb3 = nb
+    rest = (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
     blck = type_.blck_size
     if blck == 1:
-        total = type_.type_size
-        for i in range(MAX_DIMS):
-            total += (ne[i] - 1) * nb[i]
-        return total
-    total = ne[0] * nb[0] // blck
-    for i in range(1, MAX_DIMS):
-        total += (ne[i] - 1) * nb[i]
-    return total
+        return type_.type_size + (ne0 - 1) * nb0 + rest
+    return ne0 * nb0 // blck + rest
 
 
 def nbytes(t: Tensor) -> int:

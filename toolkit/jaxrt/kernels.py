@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from toolkit.ggml.tensor import GluOp, Op, Tensor, UnaryOp, is_view_op
+from toolkit.ggml.tensor import MAX_SRC, GluOp, Op, Tensor, UnaryOp, is_view_op
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.kernels_moe import MOE_KERNELS
@@ -269,10 +269,17 @@ class Env:
         self._set(base, new)
 
 
+def src_slots(node: Tensor) -> list[Tensor | None]:
+    """The node's sources padded with None to GGML_MAX_SRC slots: a kernel reads an optional
+    source (rope's freq factors, the softmax mask, a GLU's second half) by its slot."""
+    s = node.src
+    return s if len(s) >= MAX_SRC else [*s, *([None] * (MAX_SRC - len(s)))]
+
+
 def compute(node: Tensor, env: Env) -> jnp.ndarray:
     """The logical f32/i32 result of a non-view, not-in-place node."""
     op, p = node.op, node.op_params
-    s = node.src
+    s = src_slots(node)
     f32 = env.read_f32
     shape = (node.ne[3], node.ne[2], node.ne[1], node.ne[0])
     if op in BINARY:
@@ -322,7 +329,7 @@ def compute(node: Tensor, env: Env) -> jnp.ndarray:
 
 
 def _compute_misc(node: Tensor, env: Env, shape: tuple[int, int, int, int]) -> jnp.ndarray:
-    op, p, s = node.op, node.op_params, node.src
+    op, p, s = node.op, node.op_params, src_slots(node)
     if op in MOE_KERNELS:
         return MOE_KERNELS[op](node, env, shape)
     x = env.read_f32(s[0]) if s[0] is not None else None  # type: ignore[arg-type]

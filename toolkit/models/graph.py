@@ -51,6 +51,21 @@ class LlamaGraph:
     logits: Tensor | None = None
     embd: Tensor | None = None
 
+    def copy(self, graph_size: int) -> LlamaGraph:
+        """The same graph over new tensors (the weights and the KV cache shared), with capacity
+        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
+        g, cp = self.graph.copy(graph_size, _allocated)
+        return LlamaGraph(
+            g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn,
+            [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
+            [(cp(t), il) for t, il in self.fa_nodes], {k: cp(t) for k, t in self.inputs.items()},
+            None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd))
+
+
+def _allocated(t: Tensor) -> bool:
+    """Tensors a graph build does not create: they have a buffer (weights, KV cache)."""
+    return t.buffer is not None
+
 
 @dataclass
 class AttnInput:

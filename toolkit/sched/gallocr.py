@@ -33,30 +33,32 @@ _and = int.__and__
 
 
 class HashNode:
-    """Per-tensor bookkeeping of one planning pass (``hash_node``)."""
+    """Per-tensor bookkeeping of one planning pass (``hash_node``).
 
-    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated")
+    It is also the tensor's record after the pass (ggml copies buffer id, chunk, offset and the
+    alloc size into a ``tensor_alloc`` per graph position; here each position points at the hash
+    node, which no later pass writes: every pass starts a new hash). ``size_max`` is the alloc
+    size in the buffer id's buft (-1 until known); :data:`NO_RECORD` marks views and tensors
+    that have memory already.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "size_max")
+
+    def __init__(self, buffer_id: int = 0, size_max: int = -1) -> None:
         self.n_children = 0
         self.n_views = 0
-        self.buffer_id = 0
+        self.buffer_id = buffer_id
         self.chunk = 0
         self.offset = 0
         self.allocated = False
+        self.size_max = size_max
 
 
-@dataclass
-class TensorRecord:
-    """``tensor_alloc``: where a graph position's tensor goes (buffer -1: view or pre-allocated)."""
-
-    buffer_id: int
-    chunk: int
-    offset: int
-    size_max: int
+# the record of a view or of a tensor that has memory already (buffer -1)
+NO_RECORD = HashNode(-1, 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class Lifetime:
     """One planned allocation: [first, last] graph_copy node positions, for plans and figures."""
 
@@ -70,7 +72,6 @@ class Lifetime:
     inplace_of: Tensor | None = None
 
 
-_NO_RECORD = TensorRecord(-1, 0, 0, 0)
 _NONE = Op.NONE
 
 
@@ -154,8 +155,8 @@ class GraphAllocator:
         self.buffers: list[VBuffer | None] = [None] * self.n_buffers
         self.hash: dict[int, HashNode] = {}
         self.hash_capacity = 0
-        self.node_records: list[tuple[TensorRecord, list[TensorRecord | None]]] = []
-        self.leaf_records: list[TensorRecord] = []
+        self.node_records: list[tuple[HashNode, list[HashNode | None]]] = []
+        self.leaf_records: list[HashNode] = []
         self.n_nodes = 0
         self.n_leafs = 0
         self.lifetimes: list[Lifetime] = []
@@ -170,9 +171,6 @@ class GraphAllocator:
             hn = self.hash[id(t)] = HashNode()
         return hn
 
-    def _is_allocated(self, t: Tensor, hn: HashNode) -> bool:
-        return t.data is not None or t.buffer is not None or hn.allocated
-
     def shares_allocator(self, i: int) -> int:
         """The earliest buffer id whose allocator buffer i shares (i itself if none)."""
         a = self.allocators[i]
@@ -180,8 +178,13 @@ class GraphAllocator:
 
     # ---- planning walk: ggml_gallocr_alloc_graph_impl -----------------------------------
     def _allocate_node(self, t: Tensor, bid: int) -> None:
-        hn = self._hn(t)
-        if self._is_allocated(t, hn) or t.view_src is not None:
+        hn = self.hash.get(id(t))
+        if hn is None:
+            hn = self.hash[id(t)] = HashNode()
+        elif hn.allocated:
+            return
+        # ggml_gallocr_is_allocated, or a view (views are never allocated on their own)
+        if t.data is not None or t.buffer is not None or t.view_src is not None:
             return
         hn.allocated = True
         if t.op._value_ in INPLACE_OP_NAMES:
@@ -202,7 +205,7 @@ class GraphAllocator:
         if bid < 0:  # ggml asserts buffer_id >= 0
             raise ValueError(f"tensor {t.name!r} has no backend (buffer id {bid}); cannot allocate it")
         alloc = self.allocators[bid]
-        size = self.bufts[bid].alloc_size(t)
+        size = hn.size_max = self.bufts[bid].alloc_size(t)
         hn.buffer_id = bid
         hn.chunk, hn.offset = alloc.alloc(size)
         life = Lifetime(t, bid, hn.chunk, hn.offset, size + (-size) % alloc.alignment, self._pos, -2)
@@ -214,8 +217,8 @@ class GraphAllocator:
         pbid = p_hn.buffer_id
         alloc = self.allocators[pbid]
         al = alloc.alignment
-        psize = self.bufts[pbid].alloc_size(p)
-        tsize = self.bufts[pbid].alloc_size(t)
+        psize = p_hn.size_max
+        tsize = hn.size_max = self.bufts[pbid].alloc_size(t)
         psize += (-psize) % al
         tsize += (-tsize) % al
         if psize > tsize:
@@ -235,7 +238,7 @@ class GraphAllocator:
         if _and(t.flags, _OUTPUT):
             return
         bid = hn.buffer_id
-        self.allocators[bid].free((hn.chunk, hn.offset), self.bufts[bid].alloc_size(t))
+        self.allocators[bid].free((hn.chunk, hn.offset), hn.size_max)
         hn.allocated = False
         life = self._life.get(id(t))
         if life is not None:
@@ -248,35 +251,40 @@ class GraphAllocator:
         self._life = {}
         self._pos = -1
         hash_get = self._hn
+        allocate = self._allocate_node
+        h = self.hash
         for i, leaf in enumerate(leafs):
-            self._allocate_node(leaf, leaf_ids[i] if leaf_ids else 0)
+            allocate(leaf, leaf_ids[i] if leaf_ids else 0)
         # counting pass; INPUT tensors are placed now, before anything is freed
         for i, node in enumerate(nodes):
             if node.view_src is not None and node.op is not _NONE:
                 hash_get(node.view_src).n_views += 1
             if _and(node.flags, _INPUT):
-                self._allocate_node(node, node_ids[i] if node_ids else 0)
+                allocate(node, node_ids[i] if node_ids else 0)
             for src in node.src:
                 if src is None:
                     continue
-                hash_get(src).n_children += 1
+                hn = h.get(id(src))
+                if hn is None:
+                    hn = h[id(src)] = HashNode()
+                hn.n_children += 1
                 if _and(src.flags, _INPUT):
-                    self._allocate_node(src, node_ids[i] if node_ids else 0)
+                    allocate(src, node_ids[i] if node_ids else 0)
         # allocation pass: srcs, node, then free the srcs whose last consumer this was
         for i, node in enumerate(nodes):
             self._pos = i
             bid = node_ids[i] if node_ids else 0
             srcs = [s for s in node.src if s is not None]
             for p in srcs:
-                self._allocate_node(p, bid)
-            self._allocate_node(node, bid)
+                allocate(p, bid)
+            allocate(node, bid)
             for p in srcs:
-                p_hn = self.hash[id(p)]
+                p_hn = h[id(p)]
                 p_hn.n_children -= 1
                 if p_hn.n_children == 0 and p_hn.n_views == 0:
                     vs = p.view_src
                     if vs is not None:
-                        vs_hn = self.hash[id(vs)]
+                        vs_hn = h[id(vs)]
                         vs_hn.n_views -= 1
                         if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
                             self._free_node(vs, vs_hn)
@@ -287,14 +295,14 @@ class GraphAllocator:
             if life.last == -2:
                 life.last = n
 
-    def _record(self, t: Tensor | None) -> TensorRecord | None:
-        if t is None:
-            return None
+    def _record(self, t: Tensor) -> HashNode:
         # a view, or a tensor that already has memory (data, or a buffer: weights, KV cache)
         if t.view_src is not None or t.data is not None or t.buffer is not None:
-            return _NO_RECORD
+            return NO_RECORD
         hn = self._hn(t)
-        return TensorRecord(hn.buffer_id, hn.chunk, hn.offset, self.bufts[hn.buffer_id].alloc_size(t))
+        if hn.size_max < 0:
+            hn.size_max = self.bufts[hn.buffer_id].alloc_size(t)
+        return hn
 
     # ---- ggml_gallocr_reserve_n ------------------------------------------------------
     def plan(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor],
@@ -323,8 +331,8 @@ class GraphAllocator:
     def make_records(self, nodes: Sequence[Tensor], leafs: Sequence[Tensor]) -> None:
         """Step 3 of reserve_n: the per-position records alloc_graph replays."""
         rec = self._record
-        self.node_records = [(rec(n), [None if s is None else rec(s) for s in n.src]) for n in nodes]  # type: ignore[misc]
-        self.leaf_records = [rec(leaf) or _NO_RECORD for leaf in leafs]
+        self.node_records = [(rec(n), [None if s is None else rec(s) for s in n.src]) for n in nodes]
+        self.leaf_records = [rec(leaf) for leaf in leafs]
         self.n_nodes = len(nodes)
         self.n_leafs = len(leafs)
 
@@ -429,7 +437,7 @@ class GraphAllocator:
         self.buffers = [None] * self.n_buffers
 
     # ---- ggml_gallocr_alloc_graph ---------------------------------------------------
-    def _valid(self, t: Tensor, rec: TensorRecord | None) -> bool:
+    def _valid(self, t: Tensor, rec: HashNode | None) -> bool:
         size = 0
         if t.data is None and t.buffer is None and t.view_src is None:
             if rec is None or rec.buffer_id < 0:
@@ -444,7 +452,8 @@ class GraphAllocator:
             if not self._valid(node, dst):
                 return True
             for j, s in enumerate(node.src):
-                if s is not None and not self._valid(s, srcs[j]):
+                # a source slot past the recorded ones has no record (ggml's slot would be empty)
+                if s is not None and not self._valid(s, srcs[j] if j < len(srcs) else None):
                     return True
         return False
 
@@ -466,11 +475,11 @@ class GraphAllocator:
         for node, (dst, srcs) in zip(nodes, self.node_records, strict=True):
             for j, s in enumerate(node.src):
                 if s is not None:
-                    self._init_tensor(s, srcs[j] or _NO_RECORD, addresses)
+                    self._init_tensor(s, srcs[j] or NO_RECORD, addresses)
             self._init_tensor(node, dst, addresses)
         return True
 
-    def _init_tensor(self, t: Tensor, rec: TensorRecord, addresses: dict[int, tuple[int, int, int]]) -> None:
+    def _init_tensor(self, t: Tensor, rec: HashNode, addresses: dict[int, tuple[int, int, int]]) -> None:
         if id(t) in addresses:
             return
         vs = t.view_src

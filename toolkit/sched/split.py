@@ -112,22 +112,34 @@ def _dup_layout(src: Tensor, name: str) -> Tensor:
 def _view_dep(src: Tensor) -> Tensor:
     """``ggml_view_tensor`` of a split input with src[0] = input: keeps the source alive while copied."""
     t = Tensor(src.type, src.ne, view_src=src, view_offs=0, nb=src.nb, name=f"{src.name} (view)")
-    t.src[0] = src
+    t.src = [src]
     return t
 
 
-def _backend_from_buffer(backends: Sequence[Backend], t: Tensor, op: Tensor) -> int:
+Readers = dict[BufferType, tuple[int, ...]]   # buft -> the backends whose supports_buft accepts it
+
+
+def _readers(backends: Sequence[Backend], buft: BufferType, memo: Readers) -> tuple[int, ...]:
+    """The backends that read ``buft``, in order (``supports_buft`` asked once per split)."""
+    r = memo.get(buft)
+    if r is None:
+        r = memo[buft] = tuple(b for b, be in enumerate(backends) if be.supports_buft(buft))
+    return r
+
+
+def _backend_from_buffer(backends: Sequence[Backend], t: Tensor, op: Tensor, readers: Readers) -> int:
     """``ggml_backend_sched_backend_from_buffer``: the first backend that reads t's buffer and runs op."""
     buf = t.view_src.buffer if t.view_src is not None else t.buffer
     if buf is None:
         return -1
-    for b, be in enumerate(backends):
-        if be.supports_buft(buf.buft) and be.supports_op(op):
+    for b in _readers(backends, buf.buft, readers):
+        if backends[b].supports_op(op):
             return b
     return -1
 
 
-def _buffer_supported_fn(backends: Sequence[Backend], bufts: Sequence[BufferType], ids: Ids) -> BufferSupported:
+def _buffer_supported_fn(backends: Sequence[Backend], bufts: Sequence[BufferType], ids: Ids,
+                         readers: Readers) -> BufferSupported:
     """``ggml_backend_sched_buffer_supported``: can backend b read t where it lives (or will live)?"""
     get = ids.get
 
@@ -143,29 +155,28 @@ def _buffer_supported_fn(backends: Sequence[Backend], bufts: Sequence[BufferType
             if tb == -1:
                 return False
             buft = bufts[tb]
-        return backends[b].supports_buft(buft)
+        return b in _readers(backends, buft, readers)
 
     return buffer_supported
 
 
-def _backend_id_from_cur(backends: Sequence[Backend], op_offload: bool, t: Tensor, causes: Causes) -> int:
+def _backend_id_from_cur(backends: Sequence[Backend], op_offload: bool, t: Tensor, causes: Causes,
+                         readers: Readers) -> int:
     """``ggml_backend_sched_backend_id_from_cur``: pre-allocated buffer, graph input, weight, op offload."""
     last = len(backends) - 1
-    b = _backend_from_buffer(backends, t, t)
-    if b != -1:
-        causes[id(t)] = Cause.BUFFER
-        return b
+    # the tensor's buffer, then its view base's: a view's own lookup already reads the base's buffer
+    # (views point at their base), so both of ggml's lookups give the same answer
     vs = t.view_src
-    if vs is not None:
-        b = _backend_from_buffer(backends, vs, t)
-        if b != -1:
-            causes[id(t)] = Cause.BUFFER
-            return b
-    if t.buffer is not None or (vs is not None and vs.buffer is not None):
-        buf = vs.buffer if vs is not None else t.buffer
-        assert buf is not None
+    buf = vs.buffer if vs is not None else t.buffer
+    if buf is not None:
+        for b in _readers(backends, buf.buft, readers):
+            if backends[b].supports_op(t):
+                causes[id(t)] = Cause.BUFFER
+                return b
+    if buf is not None or t.buffer is not None:
+        held = buf if buf is not None else t.buffer
         raise SchedulerAbort(
-            f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that cannot run the operation "
+            f"pre-allocated tensor ({t.name}) in a buffer ({held.buft.name}) that cannot run the operation "
             f"({t.op_desc()})"
         )
     if _and(t.flags, 1):
@@ -179,7 +190,7 @@ def _backend_id_from_cur(backends: Sequence[Backend], op_offload: bool, t: Tenso
                 continue
             sbuf = src.buffer
             if sbuf is not None and sbuf.usage is _WEIGHTS:
-                wb = _backend_from_buffer(backends, src, t)
+                wb = _backend_from_buffer(backends, src, t, readers)
                 if op_offload and wb == last and sbuf.buft.is_host:
                     for b in range(wb):
                         if backends[b].supports_op(t) and backends[b].offload_op(t):
@@ -191,15 +202,15 @@ def _backend_id_from_cur(backends: Sequence[Backend], op_offload: bool, t: Tenso
 
 
 def pass1_assign_from_cur(graph: Graph, backends: Sequence[Backend], op_offload: bool,
-                          ids: Ids, causes: Causes) -> None:
+                          ids: Ids, causes: Causes, readers: Readers) -> None:
     """Pass 1: pre-allocated tensors, graph inputs and weights decide (leafs, then nodes)."""
     get = ids.get
     for t in graph.leafs:
         if get(id(t), -1) == -1:
-            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes)
+            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes, readers)
     for t in graph.nodes:
         if get(id(t), -1) == -1:
-            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes)
+            ids[id(t)] = _backend_id_from_cur(backends, op_offload, t, causes, readers)
 
 
 def pass2_expand(compute: Sequence[Tensor], backends: Sequence[Backend], ids: Ids, causes: Causes) -> None:
@@ -507,8 +518,9 @@ def ggml_backend_sched_split_graph(graph: Graph, st: SchedState, ids: Ids, cause
     Assignment's and must not be written afterwards. Mutates ``graph``: sources point at copies.
     """
     backends = st.backends
-    buffer_supported = _buffer_supported_fn(backends, st.bufts, ids)
-    pass1_assign_from_cur(graph, backends, st.op_offload, ids, causes)
+    readers: Readers = {}
+    buffer_supported = _buffer_supported_fn(backends, st.bufts, ids, readers)
+    pass1_assign_from_cur(graph, backends, st.op_offload, ids, causes, readers)
     compute = [t for t in graph.nodes if t.op._value_ not in VIEW_OP_NAMES]
     pass2_expand(compute, backends, ids, causes)
     null_in_hash = pass3_upgrade(compute, backends, st.bufts, buffer_supported, ids, causes)
