@@ -126,7 +126,20 @@ class Graph:
 
         g = Graph(size)
         g.leafs = [get(t) for t in self.leafs]
-        g.nodes = [get(t) for t in self.nodes]
+        # nodes come after their sources: the sources are found in memo (get's own lookup, inlined)
+        mget = memo.get
+        nodes = g.nodes
+        for t in self.nodes:
+            c = mget(id(t))
+            if c is None:
+                if shared(t):
+                    c = t
+                else:
+                    vs = t.view_src
+                    c = t.duplicate([None if s is None else mget(id(s)) or get(s) for s in t.src],
+                                    None if vs is None else mget(id(vs)) or get(vs))
+                memo[id(t)] = c
+            nodes.append(c)
         g.visited = {id(memo[i]) if i in memo else i for i in self.visited}
         g.use_counts = {id(memo[i]) if i in memo else i: n for i, n in self.use_counts.items()}
         return g, get

@@ -42,7 +42,7 @@ class HashNode:
     that have memory already.
     """
 
-    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "size_max")
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "size_max", "life")
 
     def __init__(self, buffer_id: int = 0, size_max: int = -1) -> None:
         self.n_children = 0
@@ -52,6 +52,7 @@ class HashNode:
         self.offset = 0
         self.allocated = False
         self.size_max = size_max
+        self.life: Lifetime | None = None   # the planned allocation of this tensor, if any
 
 
 # the record of a view or of a tensor that has memory already (buffer -1)
@@ -161,7 +162,6 @@ class GraphAllocator:
         self.n_leafs = 0
         self.lifetimes: list[Lifetime] = []
         self.failed: str | None = None
-        self._life: dict[int, Lifetime] = {}
         self._pos = -1
 
     # ---- helpers ---------------------------------------------------------------------
@@ -181,10 +181,11 @@ class GraphAllocator:
         hn = self.hash.get(id(t))
         if hn is None:
             hn = self.hash[id(t)] = HashNode()
-        elif hn.allocated:
-            return
+        self._allocate(t, hn, bid)
+
+    def _allocate(self, t: Tensor, hn: HashNode, bid: int) -> None:
         # ggml_gallocr_is_allocated, or a view (views are never allocated on their own)
-        if t.data is not None or t.buffer is not None or t.view_src is not None:
+        if hn.allocated or t.data is not None or t.buffer is not None or t.view_src is not None:
             return
         hn.allocated = True
         if t.op._value_ in INPLACE_OP_NAMES:
@@ -208,8 +209,7 @@ class GraphAllocator:
         size = hn.size_max = self.bufts[bid].alloc_size(t)
         hn.buffer_id = bid
         hn.chunk, hn.offset = alloc.alloc(size)
-        life = Lifetime(t, bid, hn.chunk, hn.offset, size + (-size) % alloc.alignment, self._pos, -2)
-        self._life[id(t)] = life
+        life = hn.life = Lifetime(t, bid, hn.chunk, hn.offset, size + (-size) % alloc.alignment, self._pos, -2)
         self.lifetimes.append(life)
 
     def _take_over(self, t: Tensor, hn: HashNode, p: Tensor, p_hn: HashNode) -> None:
@@ -227,11 +227,10 @@ class GraphAllocator:
         hn.chunk = p_hn.chunk
         hn.offset = p_hn.offset
         p_hn.allocated = False  # the parent is never freed now
-        plife = self._life.get(id(p))
+        plife = p_hn.life
         if plife is not None:
             plife.last = self._pos
-        life = Lifetime(t, pbid, hn.chunk, hn.offset, tsize, self._pos, -2, inplace_of=p)
-        self._life[id(t)] = life
+        life = hn.life = Lifetime(t, pbid, hn.chunk, hn.offset, tsize, self._pos, -2, inplace_of=p)
         self.lifetimes.append(life)
 
     def _free_node(self, t: Tensor, hn: HashNode) -> None:
@@ -240,7 +239,7 @@ class GraphAllocator:
         bid = hn.buffer_id
         self.allocators[bid].free((hn.chunk, hn.offset), hn.size_max)
         hn.allocated = False
-        life = self._life.get(id(t))
+        life = hn.life
         if life is not None:
             life.last = self._pos
 
@@ -248,7 +247,6 @@ class GraphAllocator:
                           node_ids: Sequence[int] | None, leaf_ids: Sequence[int] | None) -> None:
         self.hash = {}
         self.lifetimes = []
-        self._life = {}
         self._pos = -1
         hash_get = self._hn
         allocate = self._allocate_node
@@ -271,15 +269,16 @@ class GraphAllocator:
                 if _and(src.flags, _INPUT):
                     allocate(src, node_ids[i] if node_ids else 0)
         # allocation pass: srcs, node, then free the srcs whose last consumer this was
+        place = self._allocate
         for i, node in enumerate(nodes):
             self._pos = i
             bid = node_ids[i] if node_ids else 0
-            srcs = [s for s in node.src if s is not None]
-            for p in srcs:
-                allocate(p, bid)
+            srcs = [(s, h[id(s)]) for s in node.src if s is not None]   # counted above: in the hash
+            for p, p_hn in srcs:
+                if not p_hn.allocated:
+                    place(p, p_hn, bid)
             allocate(node, bid)
-            for p in srcs:
-                p_hn = h[id(p)]
+            for p, p_hn in srcs:
                 p_hn.n_children -= 1
                 if p_hn.n_children == 0 and p_hn.n_views == 0:
                     vs = p.view_src
