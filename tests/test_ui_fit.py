@@ -69,8 +69,10 @@ def test_figure_traces_carry_each_probe(fitted: FitPanel) -> None:
         assert [c[0] for c in used.customdata] == [p.breakdown.devices[d].total for p in r.probes]
         assert list(used.y) == [p.used(d) / MiB for p in r.probes]
         assert list(used.x) == list(range(1, len(r.probes) + 1))
-        target = traces[f"{m.name} target (free − margin)"]
-        assert list(target.y) == [(1200 - MARGIN)] * 2           # 1200 MiB free, 1100 MiB kept
+    # both devices have 1200 MiB free and keep 1100 MiB: one shared target line, not two on top of each other
+    targets = [t for t in fig.data if t.meta["kind"] == "target"]
+    assert [(t.name, t.meta["devices"], list(t.y)) for t in targets] == [
+        ("SIM0, SIM1 target (free − margin)", ["SIM0", "SIM1"], [1200 - MARGIN] * 2)]
     assert fig.layout.meta["printed"] == r.printed
     chosen = fig.layout.meta["chosen"]                          # the star: the probe of the printed parameters
     star = r.probes[chosen - 1]
@@ -83,6 +85,17 @@ def test_figure_traces_carry_each_probe(fitted: FitPanel) -> None:
     # the text form lists every probe
     rows = text.fit_probes_text(r).splitlines()
     assert len(rows) == len(r.probes) + 2
+
+
+def test_unequal_targets_get_a_line_each() -> None:
+    panel = FitPanel("small", budgets="1200,1300", fit_target=MARGIN, fit_ctx=4096, flags="")
+    r = panel.fit()
+    assert r is not None, panel.error
+    targets = [t for t in figures.fit_probes(r).data if t.meta["kind"] == "target"]
+    assert [(t.name, list(t.y)) for t in targets] == [
+        ("SIM0 target (free − margin)", [1200 - MARGIN] * 2), ("SIM1 target (free − margin)", [1300 - MARGIN] * 2)]
+    used = {t.meta["device"]: t.line.color for t in figures.fit_probes(r).data if t.meta["kind"] == "used"}
+    assert [t.line.color for t in targets] == [used["SIM0"], used["SIM1"]]   # each in its device's colour
 
 
 def test_real_run_table(fitted: FitPanel) -> None:

@@ -378,7 +378,7 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
 def fit_probes(result: FitResult) -> go.Figure:
     """``common_params_fit_impl``'s probes in order: the memory each one uses per device
     (``llama_get_memory_breakdown``: weights + KV cache + pp compute buffers) against the target
-    per device, free − margin (``--fit-target``). Each probe trace's ``customdata`` holds the exact
+    per device, free − margin (``--fit-target``; devices with equal targets share one line). Each probe trace's ``customdata`` holds the exact
     bytes per probe; hover shows the probe's parameters and its model/context/compute split. The
     probe of the chosen parameters is a star (``layout.meta["chosen"]``, 1-based)."""
     names = [m.name for m in result.memory] or (["Host"] if result.host is not None else [])
@@ -400,12 +400,19 @@ def fit_probes(result: FitResult) -> go.Figure:
                           f"{size_label(r.total)}<br>model {mib(r.model)}, context {mib(r.context)}, "
                           f"compute {mib(r.compute)}" for x, lab, r in zip(xs, labels, rows)],
             "hoverinfo": "text", "meta": {"device": name, "kind": "used"}})
-        if d < len(targets):
-            traces.append({
-                "type": "scatter", "x": [0.5, len(xs) + 0.5], "y": [targets[d] / MIB] * 2, "mode": "lines",
-                "name": f"{name} target (free − margin)", "customdata": [[targets[d]], [targets[d]]],
-                "line": {"color": colour, "width": 1.5, "dash": "dash"}, "hoverinfo": "name+y",
-                "meta": {"device": name, "kind": "target"}})
+    # one dashed line per distinct target: devices with the same free memory and margin share it (in a
+    # neutral colour) instead of drawing lines on top of each other
+    by_target: dict[int, list[int]] = {}
+    for d in range(min(len(names), len(targets))):
+        by_target.setdefault(targets[d], []).append(d)
+    for target, devs in by_target.items():
+        who = ", ".join(names[d] for d in devs)
+        traces.append({
+            "type": "scatter", "x": [0.5, len(xs) + 0.5], "y": [target / MIB] * 2, "mode": "lines",
+            "name": f"{who} target (free − margin)", "customdata": [[target], [target]],
+            "line": {"color": backend_colour(devs[0]) if len(devs) == 1 else NEUTRAL_TEXT, "width": 1.5,
+                     "dash": "dash"}, "hoverinfo": "name+y",
+            "meta": {"devices": [names[d] for d in devs], "kind": "target"}})
     title = (f"fit probes: {result.printed}" if result.printed else f"fit probes ({result.status})")
     layout = base_layout(title[:120], height=360)
     layout["xaxis"].update(title={"text": "probe (common_get_device_memory_data_impl, in order)",
