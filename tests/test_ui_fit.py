@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 
 from toolkit.errors import ParameterError
 from toolkit.fit import FitImpossible
+from toolkit.models import presets
+from toolkit.models.args import load_model_arg
 from toolkit.ui import figures, text
 from toolkit.ui.fitpanel import FitPanel, fit_args
 
@@ -96,6 +99,24 @@ def test_unequal_targets_get_a_line_each() -> None:
         ("SIM0 target (free − margin)", [1200 - MARGIN] * 2), ("SIM1 target (free − margin)", [1300 - MARGIN] * 2)]
     used = {t.meta["device"]: t.line.color for t in figures.fit_probes(r).data if t.meta["kind"] == "used"}
     assert [t.line.color for t in targets] == [used["SIM0"], used["SIM1"]]   # each in its device's colour
+
+
+def test_command_names_the_weight_type() -> None:
+    # a preset with another weight type than its own: the command line says so, and gives the same answer
+    panel = FitPanel(presets.small("f16"), budgets="1200M", fit_target=MARGIN, fit_ctx=4096, flags="")
+    assert "-m small:f16 " in panel.command and "--device sim:1200M " in panel.command
+    assert panel.fit() is not None, panel.error
+    assert cli_fit(*shlex.split(panel.command)[4:]) == panel.printed != ""
+    assert "-m small " in FitPanel(presets.small(), budgets="1200M").command
+
+
+def test_preset_with_a_type() -> None:
+    assert presets.get("small:f16").dtype is presets.small("f16").dtype is not presets.small().dtype
+    assert load_model_arg("qwen3_30b_a3b:q8_0").name == "qwen3-30b-a3b_q8_0"
+    for bad in ("small:", "small:q9_9", "smal:f16"):
+        with pytest.raises(ParameterError) as e:
+            load_model_arg(bad)
+        assert e.value.param == "-m" and e.value.value == bad
 
 
 def test_real_run_table(fitted: FitPanel) -> None:

@@ -2,7 +2,8 @@
 
 - ``plan -m MODEL [llama.cpp flags] [--json]``: what llama.cpp prints for that command line
   (buffers, KV cache, graph nodes and splits, the memory breakdown table); ``-m`` takes a preset
-  name, a GGUF path or a JSON model description; devices are ``--device sim:24G,cuda:24G`` or
+  name (``name:type`` for another weight type, e.g. ``qwen3_30b_a3b:q8_0``), a GGUF path or a JSON
+  model description; devices are ``--device sim:24G,cuda:24G`` or
   ``--rpc HOST:PORT`` (memory of servers with ``--device-memory``);
 - ``plan --cases FILE.json [--json]``: per case, what llama.cpp prints (graph nodes and splits,
   compute/KV/model/output buffers, n_copies, pipeline parallelism), as log lines or a JSON list;

@@ -421,10 +421,14 @@ def load_model_arg(spec: str | None) -> LlamaHParams:
             raise ParameterError("-m", spec, "a readable JSON model description", str(e)) from None
         return model_from_dict(d.get("model", d) if isinstance(d, dict) else {})
     from toolkit.models import presets
-    if spec not in presets.PRESETS:
+    if spec.partition(":")[0] not in presets.PRESETS:
         raise ParameterError("-m", spec, "a GGUF path, a .json model description or a preset name: "
-                             + ", ".join(presets.PRESETS))
-    return presets.get(spec)
+                             + ", ".join(presets.PRESETS) + " (name:type for another weight type)")
+    try:
+        return presets.get(spec)
+    except ParameterError as e:     # a bad type after the colon: named as -m
+        raise ParameterError("-m", spec, "a preset name with a ggml type, such as qwen3_30b_a3b:q8_0",
+                             str(e)) from None
 
 
 def fit_targets_bytes(args: LlamaArgs, n_devices: int) -> list[int]:

@@ -133,12 +133,30 @@ PRESET_LABELS: dict[str, str] = {
 
 def get(name: str) -> LlamaHParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
-    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``)."""
-    try:
-        return PRESETS[name]()
-    except KeyError:
-        raise ParameterError("model", name, "a preset name (" + ", ".join(PRESETS) + ") or a GGUF path",
-                             "unknown model preset") from None
+    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``);
+    ``name:type`` gives it another weight type (``qwen3_30b_a3b:q8_0``).
+
+    >>> get("qwen3_30b_a3b:q8_0").name
+    'qwen3-30b-a3b_q8_0'
+    """
+    base, sep, dtype = name.partition(":")
+    fn = PRESETS.get(base)
+    if fn is None:
+        raise ParameterError("model", name, "a preset name (" + ", ".join(PRESETS) + "), optionally with "
+                             ":type (qwen3_30b_a3b:q8_0), or a GGUF path", "unknown model preset")
+    if not sep:
+        return fn()
+    if not dtype:
+        raise ParameterError("model", name, "a ggml type after the colon, such as q8_0", "no type given")
+    return fn(dtype)
+
+
+def spec(name: str, hparams: LlamaHParams) -> str:
+    """How :func:`get` (and ``-m``) spells preset ``name`` with ``hparams``' weight type: the name, with
+    ``:type`` when that is not the preset's own type."""
+    base = name.partition(":")[0]
+    own = get(base).dtype
+    return base if hparams.dtype is own else f"{base}:{hparams.dtype.lower}"
 
 
 def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:

@@ -378,9 +378,10 @@ def memory_layout(plan: Plan | None, buft: str | None = None) -> go.Figure:
 def fit_probes(result: FitResult) -> go.Figure:
     """``common_params_fit_impl``'s probes in order: the memory each one uses per device
     (``llama_get_memory_breakdown``: weights + KV cache + pp compute buffers) against the target
-    per device, free − margin (``--fit-target``; devices with equal targets share one line). Each probe trace's ``customdata`` holds the exact
-    bytes per probe; hover shows the probe's parameters and its model/context/compute split. The
-    probe of the chosen parameters is a star (``layout.meta["chosen"]``, 1-based)."""
+    per device, free − margin (``--fit-target``; devices with equal targets share one line). Each
+    probe trace's ``customdata`` holds the exact bytes per probe; hover shows the probe's parameters
+    and its model/context/compute split. The probe of the chosen parameters is a star
+    (``layout.meta["chosen"]``, 1-based)."""
     names = [m.name for m in result.memory] or (["Host"] if result.host is not None else [])
     targets = result.limits
     xs = list(range(1, len(result.probes) + 1))
@@ -420,6 +421,11 @@ def fit_probes(result: FitResult) -> go.Figure:
                            tickmode="array", tickvals=xs, ticktext=[f"{x}<br>{lab}" if len(xs) <= 6 else str(x)
                                                                     for x, lab in zip(xs, labels)])
     layout["yaxis"].update(title={"text": "MiB per device", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
+    # the legend goes below the axis title (and the two-line tick labels of a short search)
+    two_lines = len(xs) <= 6
+    layout["legend"].update(yanchor="top", y=-0.42 if two_lines else -0.3)
+    layout["margin"]["b"] = 130 if two_lines else 110
+    layout["height"] = 420
     layout["meta"] = {"printed": result.printed, "status": result.status, "n_probes": len(xs),
                       "chosen": None if chosen is None else chosen + 1}
     return go.Figure(data=traces, layout=layout)

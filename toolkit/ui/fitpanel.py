@@ -36,6 +36,7 @@ import traitlets
 from toolkit.errors import ParameterError, ToolkitError
 from toolkit.fit import FitImpossible, FitResult, RealRun, fit_params, real_run
 from toolkit.memory import MemoryRow, MiB, device_memory
+from toolkit.models import presets
 from toolkit.models.args import DEFAULT_FIT_CTX, DEFAULT_FIT_TARGET_MIB, LlamaArgs, load_model_arg, parse_args
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import MAX_DEVICES, parse_bytes
@@ -52,8 +53,10 @@ _PLAIN_NUMBER = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 ModelSource = Callable[[], tuple[LlamaHParams, str | None]]
 
 
-def budget_devices(budgets: str, kind: str = "sim") -> str:
-    """``"24G,24G"`` (or MiB: ``"24576,24576"``) -> the ``--device`` value ``sim:24G,sim:24G``.
+def budget_devices(budgets: str, kind: str = "sim", *, as_typed: bool = False) -> str:
+    """``"24G,24G"`` (or MiB: ``"24576,24576"``) -> the ``--device`` value, each size in bytes
+    (``sim:25769803776,...``), or as typed with ``as_typed`` (``sim:24G,sim:24G``; a plain number gets
+    its ``M``), which reads back to the same bytes.
 
     Each size is read by :func:`toolkit.models.devices.parse_bytes`; a plain number is MiB here.
     Errors name the control (``budgets`` or ``kind``), the value and what is accepted."""
@@ -73,7 +76,7 @@ def budget_devices(budgets: str, kind: str = "sim") -> str:
             raise ParameterError("budgets", budgets, accepted, f"{item!r} is not a size") from None
         if n <= 0:
             raise ParameterError("budgets", budgets, accepted, f"{item!r} is not a positive size")
-        specs.append(f"{kind}:{n}")
+        specs.append(f"{kind}:{size if as_typed else n}")
     return ",".join(specs)
 
 
@@ -267,9 +270,11 @@ class FitPanel:
     @property
     def command(self) -> str:
         """``python -m toolkit fit ...`` for the controls (the model by its ``-m`` name)."""
-        _, name = self._source()
+        hp, name = self._source()
+        if name and name.partition(":")[0] in presets.PRESETS:
+            name = presets.spec(name, hp)     # a preset with another weight type: name:type
         c = self.controls
-        devices = budget_devices(c["budgets"].value, c["kind"].value)
+        devices = budget_devices(c["budgets"].value, c["kind"].value, as_typed=True)
         return (f"python -m toolkit fit -m {name or '<model>'} {c['flags'].value} --device {devices} "
                 f"--fit-target {c['fit_target'].value} --fit-ctx {c['fit_ctx'].value}").replace("  ", " ")
 
