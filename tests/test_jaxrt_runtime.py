@@ -16,8 +16,9 @@ request_cpu_devices(4)
 
 from toolkit.backend import profiles  # noqa: E402
 from toolkit.context import Context  # noqa: E402
-from toolkit.errors import ParameterError  # noqa: E402
+from toolkit.errors import ParameterError, UnsupportedFeature  # noqa: E402
 from toolkit.ggml import F32, Graph, ops  # noqa: E402
+from toolkit.ggml.tensor import Op  # noqa: E402
 from toolkit.jaxrt import cli  # noqa: E402
 from toolkit.jaxrt.compile import CompileCache, SplitProgram, enable_persistent_cache  # noqa: E402
 from toolkit.jaxrt.devices import make_backends, parse_devices  # noqa: E402
@@ -95,6 +96,51 @@ def test_context_decode_keeps_kv_across_reuse(gguf_path: str) -> None:
     with pytest.raises(ValueError, match="do not fit the KV cache of 256 cells"):
         decode(ctx2, list(range(300)))
     assert len(generate(ctx2, [7], 3)) == 3
+
+
+@pytest.mark.parametrize("fa", ["off", "on"])   # off: V stored transposed; on: V by rows
+def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
+    # n_seq_max 2 without kv_unified: a stream of 128 cells per sequence (n_ctx 256 / 2)
+    multi = ctx_for(gguf_path, n_seq_max=2, flash_attn=fa)
+    assert multi.setup.kv.n_stream == 2 and multi.setup.kv.kv_size == 128
+    a, b = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]
+    got_a = [decode(multi, a[:5], seq_id=0)]
+    got_b = [decode(multi, b[:4], seq_id=1)]
+    got_a.append(decode(multi, a[5:], seq_id=0))
+    got_b.append(decode(multi, b[4:], seq_id=1))
+    # each sequence alone, in a context of one sequence with as many cells
+    alone_a = decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), a)
+    alone_b = decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), b)
+    np.testing.assert_allclose(np.concatenate(got_a), alone_a, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(got_b), alone_b, rtol=1e-5, atol=1e-5)
+    eng = engine(multi)
+    assert eng.seq_past == [8, 6] and eng.n_past == 8
+    # the ubatch graph covers the sequence's own stream: one mask stream, the KV views at its offset
+    lg = multi.build_llama_graph(4, streams=(1, 1))
+    assert lg.inputs["kq_mask"].ne[3] == 1
+    k0 = multi.setup.kv.k[0]
+    views = [t for t in lg.graph.nodes if t.view_src is k0 and t.op is Op.VIEW]
+    assert [(t.ne[3], t.view_offs) for t in views] == [(1, k0.nb[2])]   # get_k: stream 1 of 2
+    # forgetting one sequence leaves the other
+    eng.clear(seq_id=1)
+    assert eng.seq_past == [8, 0]
+    np.testing.assert_allclose(decode(multi, b, seq_id=1), alone_b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(decode(multi, [5], seq_id=0)[0],
+                               decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), [*a, 5])[-1], rtol=1e-5, atol=1e-5)
+    for bad in (2, -1, "0", True):
+        with pytest.raises(ParameterError) as e:
+            decode(multi, [1], seq_id=bad)  # type: ignore[arg-type]
+        assert e.value.param == "seq_id"
+
+
+def test_a_unified_cache_runs_sequence_zero_only(gguf_path: str) -> None:
+    ctx = ctx_for(gguf_path, n_seq_max=2, kv_unified=True)
+    assert ctx.setup.kv.n_stream == 1
+    assert decode(ctx, [3, 1, 4]).shape == (3, HP.n_vocab)
+    with pytest.raises(UnsupportedFeature) as e:
+        decode(ctx, [3], seq_id=1)
+    assert e.value.feature == "kv_unified"
+    assert engine(ctx).seq_past == [3, 0]
 
 
 def test_devices_order_names_and_errors() -> None:

@@ -72,7 +72,7 @@ class StubContext:
     def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
         raise NotImplementedError("the stub plans only")
 
-    def decode(self, tokens: Any, *, last_only: bool = False) -> Any:
+    def decode(self, tokens: Any, *, last_only: bool = False, seq_id: int = 0) -> Any:
         raise NotImplementedError("the stub plans only")
 
     def update(self, **changes: Any) -> ReserveEvent:

@@ -62,8 +62,8 @@ class LlamaContextView(ContextView, Protocol):
         """Compile the current splits on JAX; records a CompileEvent."""
         ...
 
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False) -> Any:
-        """Logits for tokens appended to the KV cache (runs on JAX)."""
+    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
+        """Logits for tokens of sequence ``seq_id`` appended to the KV cache (runs on JAX)."""
         ...
 
 
@@ -191,12 +191,13 @@ class Context:
         return graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))
 
     def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
-                          graph_size: int | None = None) -> LlamaGraph:
+                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:
         """Reset the scheduler, build llama's graph and apply the graph callback's pins
-        (``llama_context::graph_get_cb``); the LlamaGraph keeps its inputs, logits and pins."""
+        (``llama_context::graph_get_cb``); the LlamaGraph keeps its inputs, logits and pins.
+        ``streams`` (first, last): the KV streams of the ubatch's sequences (default: all)."""
         self.scheduler.reset()
         lg = self.setup.build_graph(graph_size or self.max_nodes(), n_tokens, n_seqs,
-                                    n_tokens if n_outputs is None else n_outputs)
+                                    n_tokens if n_outputs is None else n_outputs, streams)
         apply_pins(self.scheduler, lg, self.setup)
         self.last_graph = lg
         return lg
@@ -387,12 +388,13 @@ class Context:
         return getattr(self.cparams, key, None)
 
     # ---- execution (the JAX runtime, loaded on demand) ------------------------------------------
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False) -> Any:
-        """Run a ubatch through the scheduled graph on JAX: logits ``[n_tokens, n_vocab]``
-        (:func:`toolkit.jaxrt.decode`)."""
+    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
+        """Run tokens of sequence ``seq_id`` through the scheduled graph on JAX: logits
+        ``[n_tokens, n_vocab]`` (:func:`toolkit.jaxrt.decode`). With ``n_seq_max`` > 1 each sequence
+        has its own KV stream (llama.cpp's default, ``kv_unified=False``) and positions."""
         # lazy: the runtime imports jax; planning never needs it
         from toolkit.jaxrt import runtime
-        return runtime.decode(self, tokens, last_only=last_only)
+        return runtime.decode(self, tokens, last_only=last_only, seq_id=seq_id)
 
     def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
         """Compile every split for its device (:func:`toolkit.jaxrt.compile_splits`); a
@@ -402,10 +404,10 @@ class Context:
         self.holder.record_compile(info)
         return info
 
-    def generate(self, prompt_ids: Sequence[int], n: int) -> list[int]:
-        """Greedy generation on JAX (:func:`toolkit.jaxrt.generate`)."""
+    def generate(self, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
+        """Greedy generation on JAX in sequence ``seq_id`` (:func:`toolkit.jaxrt.generate`)."""
         from toolkit.jaxrt import runtime  # lazy: imports jax
-        return runtime.generate(self, prompt_ids, n)
+        return runtime.generate(self, prompt_ids, n, seq_id)
 
     def __repr__(self) -> str:
         p = self.sched_params_cur

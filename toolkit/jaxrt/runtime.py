@@ -27,14 +27,15 @@ import numpy as np
 
 from toolkit.backend import Backend
 from toolkit.context import Context
-from toolkit.errors import ParameterError
+from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 
-BuildFn = Callable[[int, int, int], Any]  # (n_tokens, n_seqs, n_outputs) -> LlamaGraph
+# (n_tokens, n_seqs, n_outputs, graph_size, streams) -> LlamaGraph: Context.build_llama_graph
+BuildFn = Callable[..., Any]
 LOG_SIZE = 256  # ubatches kept in Engine.log (a long generation must not grow memory)
 
 
@@ -146,7 +147,9 @@ class Engine:
     n_ubatch: int
     kv_tensors: list[Tensor] = field(default_factory=list)
     cache: CompileCache | None = None
-    n_past: int = 0
+    # sequences and KV streams (llama_kv_cache: one stream per sequence unless the cache is unified)
+    n_seq_max: int = 1
+    n_stream: int = 1
     log: deque[DecodeLog] = field(default_factory=lambda: deque(maxlen=LOG_SIZE))
     graph_reuse: bool = True
     # an object that changes (by identity) whenever the scheduler was reserved again
@@ -163,41 +166,69 @@ class Engine:
         self.rt = Runtime(self.backends, self.cache)
         if not self.caches:
             self.caches = {"": (self.kv_size, 0)}
-        self.cell_pos = {k: np.full(n, -1, np.int64) for k, (n, _) in self.caches.items()}
+        # per cache, the position held by each cell of each stream (-1: free)
+        self.cell_pos = {k: np.full((self.n_stream, n), -1, np.int64) for k, (n, _) in self.caches.items()}
+        self.seq_past = [0] * self.n_seq_max   # tokens in the cache per sequence
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the cache for sequence 0 (:attr:`seq_past` has every sequence's)."""
+        return self.seq_past[0]
+
+    def _stream(self, seq_id: int) -> int:
+        """The KV stream of a sequence (``llama_kv_cache::seq_to_stream``): its own unless the cache is
+        unified, whose single stream holds sequence 0 only here."""
+        if not isinstance(seq_id, (int, np.integer)) or isinstance(seq_id, bool) or not 0 <= seq_id < self.n_seq_max:
+            raise ParameterError("seq_id", seq_id, f"a sequence id from 0 to n_seq_max - 1 = {self.n_seq_max - 1}")
+        if self.n_stream == 1 and seq_id != 0:
+            raise UnsupportedFeature(
+                "kv_unified", f"decoding sequence {seq_id} in a unified KV cache (kv_unified, one stream shared by "
+                f"{self.n_seq_max} sequences) is not run here; a cache with one stream per sequence "
+                "(kv_unified=False, llama.cpp's default) runs every sequence")
+        return int(seq_id) if self.n_stream > 1 else 0
 
     # ---- KV cache --------------------------------------------------------------------------
-    def clear(self, data: bool = False) -> None:
-        """Forget the KV cache (``llama_memory_clear``): the cells become free; ``data`` also zeroes
-        them (stale cells are never read: the mask hides every cell past the sequence)."""
+    def clear(self, data: bool = False, seq_id: int | None = None) -> None:
+        """Forget the KV cache (``llama_memory_clear``), or one sequence's cells (``llama_memory_seq_rm``
+        over all positions): the cells become free; ``data`` (whole cache only) also zeroes them
+        (stale cells are never read: the mask hides every cell past the sequence)."""
+        if seq_id is not None:
+            stream = self._stream(seq_id)
+            self.seq_past[seq_id] = 0
+            for v in self.cell_pos.values():
+                v[stream] = -1
+            return
         if data:
             self.rt.reset_kv()
-        self.n_past = 0
+        self.seq_past = [0] * self.n_seq_max
         for v in self.cell_pos.values():
             v[:] = -1
 
     # ---- inputs (llm_graph_input_*::set_input for one sequence) ----------------------------
-    def _inputs(self, lg: Any, tokens: np.ndarray, pos0: int) -> dict[Tensor, np.ndarray]:
+    def _inputs(self, lg: Any, tokens: np.ndarray, pos0: int, stream: int = 0) -> dict[Tensor, np.ndarray]:
         n = len(tokens)
         inp = lg.inputs
         pos = np.arange(pos0, pos0 + n, dtype=np.int64)
         out: dict[Tensor, np.ndarray] = {inp["inp_tokens"]: tokens.astype(np.int32)}
         out[inp["inp_pos"]] = pos.astype(np.int32)
         for sfx, (size, n_swa) in self.caches.items():
-            # one sequence: the cell of position p is p % size (a ring for the SWA cache: a cell is reused
-            # only after its position left the window of every token that can still see it)
+            # one sequence per stream: the cell of position p is p % size (a ring for the SWA cache: a cell
+            # is reused only after its position left the window of every token that can still see it);
+            # the write indices are global over the streams (cpy_k / cpy_v merge them)
             cells = pos % size
-            out[inp["k_idxs" + sfx]] = cells
+            out[inp["k_idxs" + sfx]] = cells + stream * size
             v_idxs = inp["v_idxs" + sfx]
-            if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * size + cell
+            if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * size + cell of its stream
                 n_embd_v = v_idxs.ne[0] // n
-                out[v_idxs] = (np.arange(n_embd_v)[None, :] * size + cells[:, None]).reshape(-1)
+                out[v_idxs] = (stream * size * n_embd_v + np.arange(n_embd_v)[None, :] * size
+                               + cells[:, None]).reshape(-1)
             else:
-                out[v_idxs] = cells
-            cell_pos = self.cell_pos[sfx]
+                out[v_idxs] = cells + stream * size
+            cell_pos = self.cell_pos[sfx][stream]
             cell_pos[cells] = pos
             mask_t = inp["kq_mask" + sfx]
             if mask_t.ne[3] != 1:
-                raise ValueError(f"decode runs one sequence; the mask has {mask_t.ne[3]} streams")
+                raise ValueError(f"a ubatch of one sequence has one mask stream; this mask has {mask_t.ne[3]}")
             p0, p1 = cell_pos[None, :], pos[:, None]
             seen = (p0 >= 0) & (p0 <= p1)
             if n_swa:  # llama_hparams::is_masked_swa (LLAMA_SWA_TYPE_STANDARD): p1 - p0 >= n_swa is hidden
@@ -209,52 +240,62 @@ class Engine:
         return out
 
     # ---- decoding --------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
-        """Logits [n_tokens, n_vocab] of every token; the KV cache keeps the tokens."""
+    def _build(self, n_tokens: int, stream: int) -> Any:
+        """The graph of a ubatch of one sequence: with one stream per sequence, the KV views and the
+        mask cover that sequence's stream only (as llama.cpp's slot_info s0 = s1)."""
+        return self.build(n_tokens, 1, n_tokens, streams=(stream, stream) if self.n_stream > 1 else None)
+
+    def decode(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:
+        """Logits [n_tokens, n_vocab] of every token of sequence ``seq_id``, appended to its cells of the
+        KV cache."""
+        stream = self._stream(seq_id)
         toks = np.asarray(list(tokens), dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
             raise ValueError(f"decode needs a non-empty list of token ids, got {len(toks)} tokens")
-        if self.n_past + len(toks) > self.kv_size:
-            raise ValueError(f"{len(toks)} tokens after {self.n_past} do not fit the KV cache of {self.kv_size} cells")
+        past = self.seq_past[seq_id]
+        if past + len(toks) > self.kv_size:
+            raise ValueError(f"{len(toks)} tokens after {past} do not fit the KV cache of {self.kv_size} cells"
+                             + (f" (sequence {seq_id})" if self.n_seq_max > 1 else ""))
         pending = []
         for start in range(0, len(toks), self.n_ubatch):
             ub = toks[start:start + self.n_ubatch]
             sched = self.sched_fn()
-            key = (len(ub), sched, self.epoch_fn())
+            key = (len(ub), sched, self.epoch_fn(), stream)
             reused = (self.graph_reuse and self._prev is not None and sched.n_copies == 1
-                      and self._prev[0][0] == key[0] and self._prev[0][1] is sched and self._prev[0][2] is key[2])
+                      and self._prev[0][0] == key[0] and self._prev[0][1] is sched and self._prev[0][2] is key[2]
+                      and self._prev[0][3] == stream)
             if reused:
                 # llama.cpp's graph reuse: same ubatch shape, same scheduler, no reserve since
                 lg, pg = self._prev[1]  # type: ignore[index]
             else:
                 self._prev = None
                 sched.reset()
-                lg = self.build(len(ub), 1, len(ub))
+                lg = self._build(len(ub), stream)
                 if not sched.alloc_graph(lg.graph):
                     raise RuntimeError(f"alloc_graph failed for a ubatch of {len(ub)} tokens")
                 pg = self.rt.prepare_graph(sched, lg.graph, [lg.logits])
                 self._prev = (key, (lg, pg))
-            res = self.rt.run_graph(pg, self._inputs(lg, ub, self.n_past))
+            res = self.rt.run_graph(pg, self._inputs(lg, ub, self.seq_past[seq_id], stream))
             st = self.rt.last_stats
             self.log.append(DecodeLog(len(ub), [ps.summary() for ps in pg.splits], st.n_copies,
                                       st.weight_copies, reused, list(st.expert_transfers)))
             pending.append((res[lg.logits], lg.logits, len(ub)))
-            self.n_past += len(ub)
+            self.seq_past[seq_id] += len(ub)
         rows = [self.rt.read(flat, t).reshape(n, -1) for flat, t, n in pending]
         return np.concatenate(rows, axis=0)
 
-    def generate(self, prompt_ids: Sequence[int], n: int) -> list[int]:
+    def generate(self, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
         """Greedy: decode the prompt, then n tokens one at a time (argmax of the last logits)."""
         if n < 0:
             raise ValueError(f"n={n} must be >= 0")
-        logits = self.decode(prompt_ids)
+        logits = self.decode(prompt_ids, seq_id)
         out: list[int] = []
         for _ in range(n):
             nxt = int(np.argmax(logits[-1]))
             out.append(nxt)
             if len(out) == n:
                 break
-            logits = self.decode([nxt])
+            logits = self.decode([nxt], seq_id)
         return out
 
     def precompile(self, n_tokens: int) -> DecodeLog:
@@ -262,7 +303,7 @@ class Engine:
         self._prev = None
         sched = self.sched_fn()
         sched.reset()
-        lg = self.build(n_tokens, 1, n_tokens)
+        lg = self._build(n_tokens, 0)
         sched.split_graph(lg.graph)
         specs: list[SplitSpec] = scheduler_splits(sched)
         keep = {lg.logits} | set(self.kv_tensors)
@@ -317,23 +358,23 @@ def engine(ctx: Context) -> Engine:
         caches["_swa"] = (st.kv_swa.kv_size, st.hparams.n_swa)
         kv_tensors += [*st.kv_swa.k, *st.kv_swa.v]
     eng = Engine(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph,
-                 kv.kv_size, st.resolved.n_ubatch, kv_tensors,
-                 epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
+                 kv.kv_size, st.resolved.n_ubatch, kv_tensors, n_seq_max=st.resolved.n_seq_max,
+                 n_stream=kv.n_stream, epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
     eng.notes = notes
     _ENGINES[ctx] = (st, eng)
     return eng
 
 
-def decode(ctx: Context, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
-    """``Context.decode``: logits [n_tokens, n_vocab] for tokens appended to the context's KV cache
-    (``last_only``: just the last token's row, [n_vocab])."""
-    logits = engine(ctx).decode(tokens)
+def decode(ctx: Context, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> np.ndarray:
+    """``Context.decode``: logits [n_tokens, n_vocab] for tokens of sequence ``seq_id`` appended to the
+    context's KV cache (``last_only``: just the last token's row, [n_vocab])."""
+    logits = engine(ctx).decode(tokens, seq_id)
     return logits[-1] if last_only else logits
 
 
-def generate(ctx: Context, prompt_ids: Sequence[int], n: int) -> list[int]:
-    """``Context.generate``: n greedy tokens after the prompt."""
-    return engine(ctx).generate(prompt_ids, n)
+def generate(ctx: Context, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
+    """``Context.generate``: n greedy tokens after the prompt, in sequence ``seq_id``."""
+    return engine(ctx).generate(prompt_ids, n, seq_id)
 
 
 def compile_splits(ctx: Context, n_tokens: int | None = None) -> dict[str, Any]:

@@ -44,6 +44,9 @@ class LlamaGraph:
     n_seqs: int
     n_outputs: int
     flash_attn: bool
+    # the KV streams the ubatch's sequences use, first and last (llama_kv_cache's slot_info s0..s1);
+    # None: every stream (what a reserve builds)
+    streams: tuple[int, int] | None = None
     norms: list[tuple[Tensor, int]] = field(default_factory=list)      # ("norm", il) tensors for the norm pin
     named: list[tuple[Tensor, str, int]] = field(default_factory=list)  # every (tensor, name, il) the callback saw
     fa_nodes: list[tuple[Tensor, int]] = field(default_factory=list)   # FLASH_ATTN_EXT per layer (FA auto probe)
@@ -56,10 +59,17 @@ class LlamaGraph:
         ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
         g, cp = self.graph.copy(graph_size, _allocated)
         return LlamaGraph(
-            g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn,
+            g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
             [(cp(t), il) for t, il in self.fa_nodes], {k: cp(t) for k, t in self.inputs.items()},
             None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd))
+
+
+def _stream_range(res: LlamaGraph, kv: KVCache) -> tuple[int, int]:
+    """(first stream, number of streams) the ubatch's KV views and mask cover."""
+    if res.streams is None:
+        return 0, kv.n_stream
+    return res.streams[0], res.streams[1] - res.streams[0] + 1
 
 
 def _allocated(t: Tensor) -> bool:
@@ -103,10 +113,16 @@ class GraphBuilder:
         return t
 
     # ---- the frame every architecture shares -------------------------------------------------
-    def build(self, n_tokens: int, n_seqs: int, n_outputs: int) -> LlamaGraph:
+    def build(self, n_tokens: int, n_seqs: int, n_outputs: int,
+              streams: tuple[int, int] | None = None) -> LlamaGraph:
+        """The graph of one ubatch. ``streams`` (first, last) narrows the KV views and the mask to the
+        streams of the ubatch's sequences, as a decode of some sequences of a multi-stream cache does;
+        the default is every stream (a reserve)."""
         if n_tokens <= 0 or n_seqs <= 0:
             raise ValueError(f"a ubatch needs n_tokens >= 1 and n_seqs >= 1, got {n_tokens} and {n_seqs}")
-        res = LlamaGraph(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn)
+        if streams is not None and not 0 <= streams[0] <= streams[1] < self.kv.n_stream:
+            raise ValueError(f"streams {streams} are not within the cache's {self.kv.n_stream} stream(s)")
+        res = LlamaGraph(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
         cur = self.build_layers(res)
         m = self.model
         cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
@@ -147,8 +163,8 @@ class GraphBuilder:
         k_idxs = ops.new_tensor_1d(I64, n_tokens).set_input()
         v_idxs = ops.new_tensor_1d(I64, n_tokens * (self.hp.n_embd_v_gqa if kv.v_trans else 1)).set_input()
         mask_type = F16 if self.flash_attn else F32
-        kq_mask = ops.new_tensor_4d(mask_type, kv.kv_size, n_tokens // kv.n_stream, 1, kv.n_stream,
-                                    "attn_inp_kq_mask")
+        _, ns = _stream_range(res, kv)
+        kq_mask = ops.new_tensor_4d(mask_type, kv.kv_size, n_tokens // ns, 1, ns, "attn_inp_kq_mask")
         kq_mask.set_input()
         res.inputs.update({f"k_idxs{suffix}": k_idxs, f"v_idxs{suffix}": v_idxs, f"kq_mask{suffix}": kq_mask})
         return AttnInput(kv, k_idxs, v_idxs, kq_mask)
@@ -193,8 +209,8 @@ class GraphBuilder:
             gf.build_forward_expand(t)
         gf.build_forward_expand(self._cpy_k(inp.kv, k_cur, inp.k_idxs, il))
         gf.build_forward_expand(self._cpy_v(inp.kv, v_cur, inp.v_idxs, il))
-        k = self._get_k(inp.kv, il)
-        v = self._get_v(inp.kv, il)
+        k = self._get_k(res, inp.kv, il)
+        v = self._get_v(res, inp.kv, il)
         cur = self._attn_mha(res, il, q, k, v, inp.kq_mask, kq_scale)
         self.cb(res, cur, "kqv_out", il)
         return ops.mul_mat(self.wo_in(il), cur)
@@ -247,24 +263,25 @@ class GraphBuilder:
         v_cur2 = ops.reshape_2d(v_cur2, 1, v_cur2.nelements)
         return ops.set_rows(v_rows, v_cur2, v_idxs)
 
-    def _get_k(self, kv: KVCache, il: int) -> Tensor:
+    def _get_k(self, res: LlamaGraph, kv: KVCache, il: int) -> Tensor:
         k = kv.k_of(il)
         hp = self.hp
         t = k.type
-        H, n_kv, ns = hp.n_embd_head, kv.kv_size, kv.n_stream
-        return ops.view_4d(k, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(k.ne[0]),
-                           t.row_size(k.ne[0] * n_kv), 0)
+        H, n_kv = hp.n_embd_head, kv.kv_size
+        s0, ns = _stream_range(res, kv)
+        stream = t.row_size(k.ne[0] * n_kv)
+        return ops.view_4d(k, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(k.ne[0]), stream, stream * s0)
 
-    def _get_v(self, kv: KVCache, il: int) -> Tensor:
+    def _get_v(self, res: LlamaGraph, kv: KVCache, il: int) -> Tensor:
         v = kv.v_of(il)
         hp = self.hp
         t = v.type
-        H, n_kv, ns = hp.n_embd_head, kv.kv_size, kv.n_stream
+        H, n_kv = hp.n_embd_head, kv.kv_size
+        s0, ns = _stream_range(res, kv)
+        stream = t.row_size(n_kv * v.ne[0])
         if not kv.v_trans:
-            return ops.view_4d(v, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(v.ne[0]),
-                               t.row_size(v.ne[0] * n_kv), 0)
-        return ops.view_4d(v, n_kv, hp.n_head_kv, H, ns, t.row_size(n_kv * H), t.row_size(n_kv),
-                           t.row_size(n_kv * v.ne[0]), 0)
+            return ops.view_4d(v, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(v.ne[0]), stream, stream * s0)
+        return ops.view_4d(v, n_kv, hp.n_head_kv, H, ns, t.row_size(n_kv * H), t.row_size(n_kv), stream, stream * s0)
 
     def _attn_mha(self, res: LlamaGraph, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
                   kq_scale: float) -> Tensor:

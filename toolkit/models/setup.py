@@ -73,7 +73,8 @@ class LlamaSetup:
     warnings: list[str] = field(default_factory=list)  # logged while creating the memory
     warned: bool = False               # the warnings went into a ReserveEvent already
     # the first build of each graph shape; build_graph hands out copies of it, never the graph itself
-    graphs: dict[tuple[bool, int, int, int], LlamaGraph] = field(default_factory=dict, repr=False, compare=False)
+    graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None], LlamaGraph] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @property
     def backends(self) -> list[Backend]:
@@ -83,20 +84,22 @@ class LlamaSetup:
         return builder_class(self.hparams.arch)(self.model, self.kv, flash_attn=self.flash_attn,
                                                 graph_size=graph_size, kv_swa=self.kv_swa)
 
-    def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> LlamaGraph:
+    def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
+                     streams: tuple[int, int] | None = None) -> LlamaGraph:
         """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
         build, which names the node or leaf that did not fit."""
-        key = (self.flash_attn, n_tokens, n_seqs, n_outputs)
+        key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams)
         lg = self.graphs.get(key)
         if lg is None or lg.graph.n_nodes > graph_size or lg.graph.n_leafs > graph_size:
-            built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs)
+            built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
             lg = self.graphs.setdefault(key, built)
         return lg
 
-    def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> LlamaGraph:
+    def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
+                    streams: tuple[int, int] | None = None) -> LlamaGraph:
         """``builder(graph_size).build(...)``. A build depends only on this setup and the shape, so the
         first build of a shape is kept and later calls get a copy of it (new tensors, the same graph)."""
-        return self._first_build(graph_size, n_tokens, n_seqs, n_outputs).copy(graph_size)
+        return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
 
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
