@@ -26,6 +26,7 @@ from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.backend.host import check_host_bytes
 from toolkit.errors import AllocationError, ParameterError, ToolkitError
+from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.cases import summary
@@ -240,6 +241,7 @@ class Context:
                 f"{n_nodes + n_leafs} exceeds the scheduler's hash capacity {h}")
 
     # ---- llama_context::sched_reserve -------------------------------------------------------------
+    @with_paused_gc   # ten graph copies, splits and plans: see toolkit.ggml.bulk
     def sched_reserve(self, trigger: str = "sched_reserve", extra_reasons: Sequence[Reason] = ()) -> ReserveEvent:
         rp = self.setup.resolved
         n_seqs = rp.n_seq_max

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
+from toolkit.ggml.bulk import paused_gc
 from toolkit.models import overrides
 from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
@@ -99,7 +100,8 @@ class LlamaSetup:
                     streams: tuple[int, int] | None = None) -> LlamaGraph:
         """``builder(graph_size).build(...)``. A build depends only on this setup and the shape, so the
         first build of a shape is kept and later calls get a copy of it (new tensors, the same graph)."""
-        return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
+        with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
+            return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
 
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""

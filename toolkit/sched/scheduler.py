@@ -13,15 +13,13 @@
 
 from __future__ import annotations
 
-import functools
-import gc
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from toolkit.backend.buft import BufferType
 from toolkit.backend.device import Backend
 from toolkit.errors import ToolkitError
+from toolkit.ggml.bulk import paused_gc, with_paused_gc
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE, Graph
 from toolkit.ggml.tensor import Tensor
 from toolkit.sched.compute import ComputeFn, CopyCallback, CopyFn, EvalCallback, Step, compute_splits
@@ -38,30 +36,6 @@ from toolkit.sched.offline_glue import offline_placement
 from toolkit.sched.plan import Cause, Plan
 from toolkit.sched.report import dump, make_plan
 from toolkit.sched.split import Assignment, SchedState, Split, ggml_backend_sched_split_graph
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic GC while planning: the passes create ~3 small objects per tensor, and the
-    collections they trigger rescan the whole graph, making reserve time grow faster than linearly."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _paused_gc(fn: _F) -> _F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with _no_cyclic_gc():
-            return fn(*args, **kwargs)
-    return wrapper  # type: ignore[return-value]
 
 
 class GraphTooLarge(ToolkitError):
@@ -268,7 +242,7 @@ class Scheduler:
             # not reset since the last split: ggml's tables still hold it; the new split owns copies
             self._ids, self._causes, self._copies = dict(self._ids), dict(self._causes), dict(self._copies)
         self.is_reset = False
-        with _no_cyclic_gc():
+        with paused_gc():
             a = ggml_backend_sched_split_graph(graph, st, self._ids, self._causes, self._copies)
         if self.assignment is not None:
             self._prev_node_ids, self._prev_leaf_ids = self.assignment.node_ids, self.assignment.leaf_ids
@@ -290,7 +264,7 @@ class Scheduler:
         return self.galloc.reserve_n(a.graph_copy_nodes, a.graph_copy_leafs, a.node_ids, a.leaf_ids,
                                      no_alloc=no_alloc)
 
-    @_paused_gc
+    @with_paused_gc
     def reserve(self, graph: Graph) -> bool:
         """``ggml_backend_sched_reserve``: split and plan ``graph``, grow the buffers; False when an
         allocation fails (alloc_limit)."""
@@ -305,7 +279,7 @@ class Scheduler:
         self.reset()
         return True
 
-    @_paused_gc
+    @with_paused_gc
     def reserve_size(self, graph: Graph) -> list[int]:
         """``ggml_backend_sched_reserve_size``: Σ chunk maxima per backend, nothing allocated."""
         self._check_size(graph)
@@ -315,7 +289,7 @@ class Scheduler:
         self._plan_and_realloc(no_alloc=True)
         return self.galloc.max_sizes()
 
-    @_paused_gc
+    @with_paused_gc
     def alloc_graph(self, graph: Graph) -> bool:
         """``ggml_backend_sched_alloc_graph``: rotate the copy, split, allocate (re-reserving when the
         backend ids' bufts changed)."""
