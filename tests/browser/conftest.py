@@ -61,8 +61,12 @@ class LabServer:
     workdir: Path  # the server's root_dir, holding a copy of notebooks/*.ipynb
     log: Path
 
-    def page_url(self, path: str) -> str:
-        return f"{self.url}/lab/tree/{path}?token={self.token}"
+    def page_url(self, path: str, workspace: str | None = None) -> str:
+        """The notebook's URL; with ``workspace``, in that JupyterLab workspace, reset first (no tabs
+        restored from an earlier page: "Run All" then acts on this notebook alone)."""
+        if workspace is None:
+            return f"{self.url}/lab/tree/{path}?token={self.token}"
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{path}?token={self.token}&reset"
 
     def shutdown_sessions(self) -> None:
         """End every kernel session, so a notebook opened next starts a fresh kernel (widget models
@@ -281,7 +285,7 @@ def run_notebook(
 
         try:
             jupyter_lab.shutdown_sessions()
-            page.goto(jupyter_lab.page_url(name), timeout=timeout_s * 1000)
+            page.goto(jupyter_lab.page_url(name, workspace=f"{stem}-{len(contexts)}"), timeout=timeout_s * 1000)
             run_all_cells(page, name, timeout_s, shot, result.output_text)
         except Exception:
             try:

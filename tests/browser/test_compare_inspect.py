@@ -24,8 +24,11 @@ from test_dashboard import BADGE, PANEL_CSS, UPDATE_TIMEOUT_S, badge_state, set_
 PANEL = ".jp-NotebookPanel:visible"
 
 
-def sched_splits(page: Any) -> int:
-    text = page.locator(f"{PANEL} .toolkit-max-nodes").first.inner_text()
+def sched_splits(page: Any, event: int) -> int:
+    """The split count the scheduler line shows for reserve ``event`` (waits until it shows that one)."""
+    line = page.locator(f"{PANEL} .toolkit-max-nodes[data-event='{event}']").first
+    line.wait_for(timeout=UPDATE_TIMEOUT_S * 1000)
+    text = line.inner_text()
     m = re.search(r"(\d+) splits", text)
     assert m, text
     return int(m.group(1))
@@ -90,7 +93,7 @@ def test_compare_then_inspect_in_jupyterlab(run_notebook: Callable[[str], Notebo
     set_max_nodes(page, st["held"] - 1)
     st = wait_new_event(page, st["index"])
     assert st["decision"] == "reused", st
-    before, splits_before = st["index"], sched_splits(page)
+    before, splits_before = st["index"], sched_splits(page, st["index"])
 
     # control 2: op offload off -> rebuilt
     box = page.locator(f"{PANEL} .toolkit-control-op_offload input[type=checkbox]")
@@ -98,7 +101,7 @@ def test_compare_then_inspect_in_jupyterlab(run_notebook: Callable[[str], Notebo
     box.uncheck()
     st = wait_new_event(page, st["index"])
     assert st["decision"] == "rebuilt" and "op_offload on \u2192 off" in st["text"], st
-    after, splits_after = st["index"], sched_splits(page)
+    after, splits_after = st["index"], sched_splits(page, st["index"])
     assert splits_after < splits_before
 
     # the compare view: previous vs newest by default

@@ -402,18 +402,21 @@ class Dashboard:
         events = list(self.ctx.events)
         ev = events[-1] if events else None
         held = self.ctx.scheduler.max_nodes
-        self.badge.value = badge_html(ev, error=self.error, held_max_nodes=held)
         self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
                              f"{html.escape(self.error)}</pre>" if self.error else "")
         if ev is not None and self.error is None:
             auto = self.ctx.auto_max_nodes_text
             how = f"auto: {auto}" if self.controls["max_nodes"].value == "auto" else "typed"
-            self.sched_info.value = (f"<span class='toolkit-max-nodes' data-value='{ev.params.max_nodes}' "
-                                     f"data-held='{held}'>max_nodes {ev.params.max_nodes} ({how}) · scheduler "
+            self.sched_info.value = (f"<span class='toolkit-max-nodes' data-event='{ev.index}' "
+                                     f"data-value='{ev.params.max_nodes}' data-held='{held}'>"
+                                     f"max_nodes {ev.params.max_nodes} ({how}) · scheduler "
                                      f"holds {held} · n_copies {ev.n_copies} · {ev.n_nodes_pp} nodes, "
                                      f"{ev.n_splits_pp} splits</span>")
             self._sync_flags(ev.params.parallel, ev.params.op_offload)
         self._draw()
+        # the badge last: the front end applies updates in order, so a page showing the badge of an
+        # event shows that event's scheduler line and figures too
+        self.badge.value = badge_html(ev, error=self.error, held_max_nodes=held)
 
     def _sync_flags(self, parallel: bool, op_offload: bool) -> None:
         # the fallback of llama_context::sched_reserve clears pipeline_parallel: the checkbox shows what
