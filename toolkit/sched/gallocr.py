@@ -277,7 +277,10 @@ class GraphAllocator:
             for p, p_hn in srcs:
                 if not p_hn.allocated:
                     place(p, p_hn, bid)
-            allocate(node, bid)
+            n_hn = h.get(id(node))
+            if n_hn is None:
+                n_hn = h[id(node)] = HashNode()
+            place(node, n_hn, bid)
             for p, p_hn in srcs:
                 p_hn.n_children -= 1
                 if p_hn.n_children == 0 and p_hn.n_views == 0:
@@ -298,7 +301,9 @@ class GraphAllocator:
         # a view, or a tensor that already has memory (data, or a buffer: weights, KV cache)
         if t.view_src is not None or t.data is not None or t.buffer is not None:
             return NO_RECORD
-        hn = self._hn(t)
+        hn = self.hash.get(id(t))
+        if hn is None:
+            hn = self.hash[id(t)] = HashNode()
         if hn.size_max < 0:
             hn.size_max = self.bufts[hn.buffer_id].alloc_size(t)
         return hn
