@@ -10,6 +10,7 @@ from toolkit.models import presets
 from toolkit.models.args import (
     N_GPU_LAYERS_ALL,
     N_GPU_LAYERS_AUTO,
+    context_flags,
     fit_targets_bytes,
     load_model_arg,
     model_from_dict,
@@ -162,3 +163,14 @@ def test_models_from_the_m_flag(tmp_path) -> None:  # type: ignore[no-untyped-de
     else:
         with pytest.raises(UnsupportedFeature, match="mixture-of-experts"):
             model_from_dict(moe)
+
+
+@pytest.mark.parametrize("cp", [
+    ContextParams(),
+    ContextParams(flash_attn="on", n_batch=1024, n_ubatch=256, n_seq_max=4, type_k="q8_0", type_v="q4_0",
+                  offload_kqv=False),
+])
+def test_context_flags_read_back_to_the_same_settings(cp: ContextParams) -> None:
+    back = parse_args(context_flags(cp)).context_params()
+    for f in ("flash_attn", "n_batch", "n_ubatch", "n_seq_max", "type_k", "type_v", "offload_kqv"):
+        assert getattr(back, f) == getattr(cp, f), f

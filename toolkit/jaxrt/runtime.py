@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.context import Context
 from toolkit.errors import ParameterError, UnsupportedFeature
@@ -178,14 +179,13 @@ class Engine:
     def _stream(self, seq_id: int) -> int:
         """The KV stream of a sequence (``llama_kv_cache::seq_to_stream``): its own unless the cache is
         unified, whose single stream holds sequence 0 only here."""
-        if not isinstance(seq_id, (int, np.integer)) or isinstance(seq_id, bool) or not 0 <= seq_id < self.n_seq_max:
-            raise ParameterError("seq_id", seq_id, f"a sequence id from 0 to n_seq_max - 1 = {self.n_seq_max - 1}")
+        seq_id = validate.integer("seq_id", seq_id, lo=0, hi=self.n_seq_max - 1)
         if self.n_stream == 1 and seq_id != 0:
             raise UnsupportedFeature(
                 "kv_unified", f"decoding sequence {seq_id} in a unified KV cache (kv_unified, one stream shared by "
                 f"{self.n_seq_max} sequences) is not run here; a cache with one stream per sequence "
                 "(kv_unified=False, llama.cpp's default) runs every sequence")
-        return int(seq_id) if self.n_stream > 1 else 0
+        return seq_id if self.n_stream > 1 else 0
 
     # ---- KV cache --------------------------------------------------------------------------
     def clear(self, data: bool = False, seq_id: int | None = None) -> None:

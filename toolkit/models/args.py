@@ -392,6 +392,22 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Lla
     return LlamaArgs(**st, devices=devices, force_pipeline_parallel=force, set_flags=frozenset(given))
 
 
+def context_flags(cp: ContextParams) -> list[str]:
+    """The flags of :func:`parse_args` that give a context's flash attention, batch sizes, sequences,
+    KV cache types and KV offload (the context size and the devices are left out)."""
+    fa = cp.flash_attn if isinstance(cp.flash_attn, str) else ("on" if cp.flash_attn else "off")
+    out = ["-fa", fa, "-b", str(cp.n_batch), "-ub", str(cp.n_ubatch)]
+    if cp.n_seq_max > 1:
+        out += ["-np", str(cp.n_seq_max)]
+    if cp.type_k != "f16":
+        out += ["-ctk", cp.type_k]
+    if cp.type_v != "f16":
+        out += ["-ctv", cp.type_v]
+    if not cp.offload_kqv:
+        out.append("-nkvo")
+    return out
+
+
 def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
     """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet
     (``LlamaHParams.from_dict`` refuses the architectures without a graph builder)."""

@@ -560,10 +560,13 @@ class Dashboard:
 
             ctx = self.ctx
             assert isinstance(ctx, LlamaContextView)
-            kind, _, n = str(self._devices).partition(":")
-            budgets = ",".join(["24G"] * (int(n) if kind in ("sim", "cuda") and n.isdigit() else 1))
+            try:   # a 24G budget per simulated or CUDA-like device of the picker spec
+                spec = parse_devices(str(self._devices))
+                kind, n = (spec.kind, spec.count) if spec.kind in ("sim", "cuda") else ("sim", 1)
+            except ParameterError:   # devices no picker spec describes (mixed kinds): one to start from
+                kind, n = "sim", 1
             self.fit_panel = FitPanel(lambda: (self._llama_hparams(), preset_of(self._llama_hparams())),
-                                      budgets=budgets, kind=kind if kind == "cuda" else "sim",
+                                      budgets=",".join(["24G"] * n), kind=kind,
                                       flags=flags_of(ctx.cparams), fig_width=self.fig_width)
             self.fit_box.children = (self.fit_panel.widget,)
         self.fit_toggle.value = True

@@ -415,17 +415,16 @@ def fit_probes(result: FitResult) -> go.Figure:
                      "dash": "dash"}, "hoverinfo": "name+y",
             "meta": {"devices": [names[d] for d in devs], "kind": "target"}})
     title = (f"fit probes: {result.printed}" if result.printed else f"fit probes ({result.status})")
-    layout = base_layout(title[:120], height=360)
+    layout = base_layout(title[:120], height=420)
+    two_lines = len(xs) <= 6    # a short search: each tick also shows the probe's parameters
     layout["xaxis"].update(title={"text": "probe (common_get_device_memory_data_impl, in order)",
                                   "font": {"color": NEUTRAL_TEXT}},
-                           tickmode="array", tickvals=xs, ticktext=[f"{x}<br>{lab}" if len(xs) <= 6 else str(x)
+                           tickmode="array", tickvals=xs, ticktext=[f"{x}<br>{lab}" if two_lines else str(x)
                                                                     for x, lab in zip(xs, labels)])
     layout["yaxis"].update(title={"text": "MiB per device", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
-    # the legend goes below the axis title (and the two-line tick labels of a short search)
-    two_lines = len(xs) <= 6
+    # the legend goes below the axis title (and below the two-line tick labels)
     layout["legend"].update(yanchor="top", y=-0.42 if two_lines else -0.3)
     layout["margin"]["b"] = 130 if two_lines else 110
-    layout["height"] = 420
     layout["meta"] = {"printed": result.printed, "status": result.status, "n_probes": len(xs),
                       "chosen": None if chosen is None else chosen + 1}
     return go.Figure(data=traces, layout=layout)

@@ -37,7 +37,14 @@ from toolkit.errors import ParameterError, ToolkitError
 from toolkit.fit import FitImpossible, FitResult, RealRun, fit_params, real_run
 from toolkit.memory import MemoryRow, MiB, device_memory
 from toolkit.models import presets
-from toolkit.models.args import DEFAULT_FIT_CTX, DEFAULT_FIT_TARGET_MIB, LlamaArgs, load_model_arg, parse_args
+from toolkit.models.args import (
+    DEFAULT_FIT_CTX,
+    DEFAULT_FIT_TARGET_MIB,
+    LlamaArgs,
+    context_flags,
+    load_model_arg,
+    parse_args,
+)
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import MAX_DEVICES, parse_bytes
 from toolkit.models.hparams import LlamaHParams
@@ -114,18 +121,9 @@ def fit_args(budgets: str, *, kind: str = "sim", fit_target: str | int = DEFAULT
 
 
 def flags_of(cp: ContextParams) -> str:
-    """The llama.cpp flags of a context's settings that change a fit (the context size is left to fit)."""
-    fa = cp.flash_attn if isinstance(cp.flash_attn, str) else ("on" if cp.flash_attn else "off")
-    out = [f"-fa {fa}", f"-b {cp.n_batch}", f"-ub {cp.n_ubatch}"]
-    if cp.n_seq_max > 1:
-        out.append(f"-np {cp.n_seq_max}")
-    if cp.type_k != "f16":
-        out.append(f"-ctk {cp.type_k}")
-    if cp.type_v != "f16":
-        out.append(f"-ctv {cp.type_v}")
-    if not cp.offload_kqv:
-        out.append("-nkvo")
-    return " ".join(out)
+    """The llama.cpp flags of a context's settings that change a fit (the context size is left to fit):
+    :func:`toolkit.models.args.context_flags` as the flags control's text."""
+    return " ".join(context_flags(cp))
 
 
 def _cell(row: MemoryRow) -> str:
