@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from toolkit.backend import Backend, Buffer, profiles
@@ -203,17 +203,35 @@ def test_random_graphs_keep_the_invariants(bspec: dict, r: dict, parallel: bool,
         assert sp.i_start <= npl.index < sp.i_end and npl.backend_id == sp.backend_id, npl
 
 
+# a graph where ggml's walk leaves a hole on CUDA0 (3712 bytes) and the offline plan reaches the bound (3456)
+FRAGMENTING = {"E": 8, "T": 33, "n_weights": 6, "weight_homes": [3, 6, 2, 1, 3, 3], "n_inputs": 1, "outputs": [],
+               "steps": [(11, 213, 1), (5, 0, 512), (0, 108, 154), (5, 54, 15), (4, 20, 0), (4, 208, 537),
+                         (11, 213, 1)]}
+
+
 @settings(max_examples=25, deadline=None)
 @given(recipe)
+@example(FRAGMENTING)
 def test_offline_planner_matches_lower_bound_or_better_than_ggml(r: dict) -> None:  # type: ignore[type-arg]
+    """Per buffer, the offline plan of ggml's own lifetimes needs the lower bound (the peak of live bytes) or,
+    where it cannot reach it, no more than ggml's greedy walk; its offsets never overlap two live tensors."""
     backends = make_backends({"gpus": [(0, set())], "blas": False, "host_buft": True})
     ggml = Scheduler(backends, None, 4096, False, True)
     assert ggml.reserve(build(r, backends))
     off = Scheduler(backends, None, 4096, False, True, planner="offline")
-    assert off.reserve(build(r, backends))
-    for b in off.plan().buffers:
-        assert b.lower_bound is not None and b.needed >= b.lower_bound
+    g = build(r, backends)
+    assert off.reserve(g)
+    check_invariants(off, g)  # the offline offsets: inside their buffer, no two live tensors overlap
     assert off.n_splits == ggml.n_splits
+    ggml_buffers = {b.buft: b for b in ggml.plan().buffers}
+    off_buffers = off.plan().buffers
+    assert [b.buft for b in off_buffers] == list(ggml_buffers)
+    for b in off_buffers:
+        theirs = ggml_buffers[b.buft]
+        # the same lifetimes (the offline planner only re-places them): the same bound
+        assert b.lower_bound is not None and b.lower_bound == theirs.lower_bound
+        assert b.lower_bound <= b.needed <= theirs.needed
+        assert b.allocated == b.needed  # one reserve: the buffer is what this plan needs
 
 
 def test_views_are_never_planned() -> None:

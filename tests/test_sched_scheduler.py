@@ -10,6 +10,7 @@ from toolkit.backend import Buffer, BufferType, profiles
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.tensor import BufferUsage
 from toolkit.sched import Scheduler, SchedulerAbort
+from toolkit.sched.plan import Plan
 
 
 def test_budget_makes_reserve_fail() -> None:
@@ -119,23 +120,79 @@ def test_preallocated_tensor_nobody_can_run_aborts() -> None:
 
 
 def test_plan_snapshot_survives_reset() -> None:
+    """A plan is frozen data: resetting the scheduler and planning another graph with it leaves it as it was."""
     s = _two_backend_mlp(64, True)
     p = s.plan()
-    assert p.n_splits == 2 and p.n_nodes == 5 and p.graph_copy_nodes == len(s.graph_copy_nodes)
+    seen = (p.n_splits, p.n_nodes, p.graph_copy_nodes, [(sp.backend, sp.i_start, sp.i_end) for sp in p.splits],
+            [(a.buft, a.name, a.offset, a.size, a.first, a.last) for a in p.allocs],
+            [(b.buft, b.allocated, b.needed, b.chunks, b.lower_bound) for b in p.buffers])
+    s.reset()
+    x = ops.new_tensor_1d(F32, 4, "z").set_input()
+    assert s.reserve(graph_of(ops.sqr(ops.sqr(x)).set_output()))
+    q = s.plan()
+    assert (q.n_splits, q.n_nodes) == (1, 2)   # the scheduler now holds the other graph's plan
+    # split_graph's graph_copy: the 5 nodes, and per split input (x, w1) a dependency view and its copy
+    assert p.n_splits == 2 and p.n_nodes == 5 and p.graph_copy_nodes == 9
     bufs = {b.buft: b for b in p.buffers}
     assert bufs["CUDA0"].allocated == 12288 and bufs["CPU"].allocated == 4096
     for b in p.buffers:
         assert b.lower_bound is not None and b.lower_bound <= b.needed <= b.allocated
+    assert seen == (p.n_splits, p.n_nodes, p.graph_copy_nodes, [(sp.backend, sp.i_start, sp.i_end) for sp in p.splits],
+                    [(a.buft, a.name, a.offset, a.size, a.first, a.last) for a in p.allocs],
+                    [(b.buft, b.allocated, b.needed, b.chunks, b.lower_bound) for b in p.buffers])
+
+
+def _fragmenting_graph() -> Graph:
+    """x[64] (a graph input), a, b, c = cont(x); s1 = sum_rows(a); s2 = sum_rows(c); big = concat(b, b).
+
+    256-byte tensors on the CPU (alignment 32). ggml's walk: x at 0, a 256, b 512, c 768; x, a and c are
+    freed behind s1 (at 0) and s2 (at 32), so the holes are [64, 512) and the end from 768: big (512) goes at
+    768, 1280 bytes. Live at once: x, a, b, c (1024) before s1; b, s1, s2, big (832) at big: the bound is 1024.
+    """
+    x = ops.new_tensor_1d(F32, 64, "x").set_input()
+    a, b, c = (ops.cont(x).set_name(n) for n in "abc")
+    s1 = ops.sum_rows(a).set_name("s1").set_output()
+    s2 = ops.sum_rows(c).set_name("s2").set_output()
+    big = ops.concat(b, b, 0).set_name("big").set_output()
+    g = graph_of(a, b, c, s1, s2, big, size=64)
+    assert [t.name for t in g.nodes] == ["a", "b", "c", "s1", "s2", "big"]
+    return g
+
+
+def _no_live_overlap(p: Plan) -> None:
+    allocs = [a for a in p.allocs if a.size]
+    for i, a in enumerate(allocs):
+        for b in allocs[i + 1:]:
+            if a.buft != b.buft or a.chunk != b.chunk or a.inplace_of == b.name or b.inplace_of == a.name:
+                continue
+            if a.offset < b.offset + b.size and b.offset < a.offset + a.size:
+                assert a.last < b.first or b.last < a.first, (a, b)
 
 
 def test_offline_planner_never_worse_than_lower_bound() -> None:
+    """Where ggml's walk already reaches the bound (the llama-like graph) and where it leaves a hole (the
+    fragmenting graph), the offline plan needs exactly the lower bound, with no two live tensors overlapping."""
     g0, g1, c = gpu(0), gpu(1), cpu()
     s = Scheduler([g0, g1, c], None, 2048, False, True, planner="offline")
     reserve_then_alloc(s, lambda: _llama_like_build(g0, g1, c, 64)[0])
-    p = s.plan()
-    for b in p.buffers:
-        assert b.lower_bound is not None and b.lower_bound <= b.needed
     assert s.n_splits == 3
+    p = s.plan()
+    # per GPU: the copied layer input, the norm and the ffn output are live at once (3 x 64 x 64 x 4 bytes);
+    # the CPU: inp_tokens (256) and inp_embd (16384)
+    assert [(b.buft, b.lower_bound, b.needed) for b in p.buffers] == \
+        [("CUDA0", 49152, 49152), ("CUDA1", 49152, 49152), ("CPU", 16640, 16640)]
+    _no_live_overlap(p)
+
+    ggml = Scheduler([cpu()], None, 64, False, True)
+    assert ggml.reserve(_fragmenting_graph())
+    assert [(b.lower_bound, b.needed) for b in ggml.plan().buffers] == [(1024, 1280)]
+    off = Scheduler([cpu()], None, 64, False, True, planner="offline")
+    assert off.reserve(_fragmenting_graph())
+    q = off.plan()
+    assert [(b.lower_bound, b.needed, b.allocated) for b in q.buffers] == [(1024, 1024, 1024)]
+    assert off.buffer_size(0) == 1024
+    _no_live_overlap(q)
+    assert max(a.offset + a.size for a in q.allocs) <= 1024
 
 
 def test_unknown_planner() -> None:
