@@ -279,3 +279,29 @@ def test_set_rows_into_quantized_cache_quantizes_like_ggml(type_: GGMLType) -> N
     want = quants.quantize(R, qt)
     np.testing.assert_array_equal(got[3], want[0])
     np.testing.assert_array_equal(got[0], want[1])
+
+
+def test_an_op_without_a_kernel_is_refused_by_name() -> None:
+    """The table holds the ops the runtime runs; any other op is an UnsupportedFeature naming it."""
+    from toolkit.errors import UnsupportedFeature
+    from toolkit.ggml.tensor import Op
+    from toolkit.jaxrt.kernels import KERNELS
+
+    assert Op.DIAG_MASK_ZERO not in KERNELS
+    x = ops.new_tensor_2d(F32, 4, 4, "x").set_input()
+    node = ops.diag_mask_inf(x, 0).set_name("masked")
+    node.op = Op.DIAG_MASK_ZERO
+    with pytest.raises(UnsupportedFeature, match=r"no kernel for DIAG_MASK_ZERO \(node 'masked'\)") as e:
+        eval_nodes([node], {x: jnp.zeros(16, jnp.float32)})
+    assert e.value.feature == "op DIAG_MASK_ZERO"
+
+
+def test_every_kernel_reads_its_sources_by_slot() -> None:
+    """A required source slot left empty is a ParameterError naming the node and the slot, not a crash."""
+    from toolkit.errors import ParameterError
+
+    x = ops.new_tensor_2d(F32, 4, 2, "x").set_input()
+    y = ops.add(x, x).set_name("y")
+    y.src = [x, None]
+    with pytest.raises(ParameterError, match=r"y\.src\[1\]"):
+        eval_nodes([y], {x: jnp.zeros(8, jnp.float32)})

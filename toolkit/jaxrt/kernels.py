@@ -1,9 +1,12 @@
 """ggml ops as JAX functions, with ggml's semantics (ggml-cpu/ops.cpp is the reference).
 
-Values are logical arrays in numpy order ``(ne3, ne2, ne1, ne0)``. :class:`Env` holds the
-flat storage of every base tensor and evaluates nodes in graph order: view ops cost nothing
-(a later read goes through the view's strides), in-place ops (SET_ROWS, CPY, CLAMP) return a
-new version of their base's storage, every other op makes a new base.
+Values are logical arrays in numpy order ``(ne3, ne2, ne1, ne0)``. :data:`KERNELS` is the table
+op -> :class:`~toolkit.jaxrt.operands.Kernel`, one entry per op the runtime runs (the MoE ops of
+:mod:`toolkit.jaxrt.kernels_moe` included); an op without an entry raises
+:class:`~toolkit.errors.UnsupportedFeature` naming it. :class:`Env` holds the flat storage of every
+base tensor and evaluates nodes in graph order: view ops cost nothing (a later read goes through the
+view's strides), the ops that overwrite the tensor their node views (:data:`VIEW_SRC_WRITERS`:
+SET_ROWS, CPY, CLAMP) return a new version of that base's storage, every other op makes a new base.
 """
 
 from __future__ import annotations
@@ -15,10 +18,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from toolkit.ggml.tensor import MAX_SRC, GluOp, Op, Tensor, UnaryOp, is_view_op
+from toolkit.errors import UnsupportedFeature
+from toolkit.ggml.tensor import GluOp, Op, Tensor, UnaryOp, is_view_op
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.kernels_moe import MOE_KERNELS
+from toolkit.jaxrt.operands import (
+    Kernel,
+    Reader,
+    opt_src,
+    param_enum,
+    param_f32,
+    param_flag,
+    param_i32,
+    shape_of,
+    src,
+)
 from toolkit.jaxrt.quant import dequantize
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -134,15 +149,15 @@ def _yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> f
     return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
 
 
-def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, p: dict[str, object]) -> jnp.ndarray:
+def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, node: Tensor) -> jnp.ndarray:
     """ggml_rope_ext: a (ne3, T, H, D) with positions per ne2 index; mode 0 rotates (x[2i], x[2i+1]),
     NEOX (mode & 2) rotates (x[i], x[i + n_dims/2]); theta_i = pos * base^(-2i/n_dims), YaRN when ext_factor."""
-    n_dims = int(p["n_dims"])  # type: ignore[call-overload]
-    mode = int(p.get("mode", 0))  # type: ignore[call-overload]
-    base = float(p.get("freq_base", 10000.0))  # type: ignore[arg-type]
-    freq_scale = float(p.get("freq_scale", 1.0))  # type: ignore[arg-type]
-    ext_factor = float(p.get("ext_factor", 0.0))  # type: ignore[arg-type]
-    mscale = float(p.get("attn_factor", 1.0))  # type: ignore[arg-type]
+    n_dims = param_i32(node, "n_dims")
+    mode = param_i32(node, "mode", 0)
+    base = param_f32(node, "freq_base", 10000.0)
+    freq_scale = param_f32(node, "freq_scale", 1.0)
+    ext_factor = param_f32(node, "ext_factor", 0.0)
+    mscale = param_f32(node, "attn_factor", 1.0)
     half = n_dims // 2
     i0 = np.arange(half, dtype=np.float32) * 2
     theta_extrap = pos.astype(jnp.float32)[:, None] * jnp.asarray(base ** (-i0 / n_dims), jnp.float32)[None, :]
@@ -150,9 +165,9 @@ def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, p: 
         theta_extrap = theta_extrap / freq_factors.reshape(-1)[:half][None, :]
     theta = freq_scale * theta_extrap
     if ext_factor != 0.0:
-        n_ctx_orig = int(p.get("n_ctx_orig", 0))  # type: ignore[call-overload]
-        lo = max(0.0, math.floor(_yarn_corr_dim(n_dims, n_ctx_orig, float(p.get("beta_fast", 32.0)), base)))  # type: ignore[arg-type]
-        hi = min(n_dims - 1.0, math.ceil(_yarn_corr_dim(n_dims, n_ctx_orig, float(p.get("beta_slow", 1.0)), base)))  # type: ignore[arg-type]
+        n_ctx_orig = param_i32(node, "n_ctx_orig", 0)
+        lo = max(0.0, math.floor(_yarn_corr_dim(n_dims, n_ctx_orig, param_f32(node, "beta_fast", 32.0), base)))
+        hi = min(n_dims - 1.0, math.ceil(_yarn_corr_dim(n_dims, n_ctx_orig, param_f32(node, "beta_slow", 1.0), base)))
         y = (np.arange(half) - lo) / max(0.001, hi - lo)
         ramp = jnp.asarray((1 - np.clip(y, 0, 1)) * ext_factor, jnp.float32)
         theta = theta * (1 - ramp) + theta_extrap * ramp
@@ -184,9 +199,6 @@ UNARY: dict[UnaryOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
 GLU_ACT: dict[GluOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
     GluOp.SWIGLU: jax.nn.silu, GluOp.GEGLU: gelu, GluOp.REGLU: jax.nn.relu,
 }
-BINARY: dict[Op, Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
-    Op.ADD: jnp.add, Op.SUB: jnp.subtract, Op.MUL: jnp.multiply, Op.DIV: jnp.divide,
-}
 
 
 def rms_norm(x: jnp.ndarray, eps: float) -> jnp.ndarray:
@@ -211,13 +223,163 @@ def get_rows(raw: jnp.ndarray, a_type: GGMLType, ids: jnp.ndarray) -> jnp.ndarra
     return as_f32(rows, a_type).reshape(b2, b1, n, -1)
 
 
+# ---- the kernel table ----------------------------------------------------------------------
+# One entry per ggml op the runtime runs: ``Kernel(fn)``, where ``fn(node, reader)`` returns the
+# node's logical value (see toolkit.jaxrt.operands). Adding an op is adding its entry.
+
+def _f32(i: int) -> Callable[[Tensor, Reader], jnp.ndarray]:
+    """The f32 value of source slot i."""
+    return lambda n, r: r.read_f32(src(n, i))
+
+
+def _opt_f32(n: Tensor, r: Reader, i: int) -> jnp.ndarray | None:
+    s = opt_src(n, i)
+    return r.read_f32(s) if s is not None else None
+
+
+def _map(fn: Callable[[jnp.ndarray], jnp.ndarray]) -> Kernel:
+    """An element-wise op of source 0."""
+    return Kernel(lambda n, r: fn(r.read_f32(src(n, 0))))
+
+
+def _binary(fn: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]) -> Kernel:
+    """ADD, SUB, MUL, DIV: source 1 tiled to source 0's shape (ggml_can_repeat)."""
+    def k(n: Tensor, r: Reader) -> jnp.ndarray:
+        a = r.read_f32(src(n, 0))
+        return fn(a, tile_to(r.read_f32(src(n, 1)), a.shape))
+    return Kernel(k)
+
+
+def _unsupported(node: Tensor, what: str) -> UnsupportedFeature:
+    return UnsupportedFeature(
+        f"op {what}", f"the JAX runtime has no kernel for {what} (node {node.name!r}); "
+        "toolkit.jaxrt.kernels.KERNELS lists the ops it runs")
+
+
+def _unary(n: Tensor, r: Reader) -> jnp.ndarray:
+    fn = UNARY.get(param_enum(n, "unary", UnaryOp))
+    if fn is None:
+        raise _unsupported(n, n.op_desc())
+    return fn(r.read_f32(src(n, 0)))
+
+
+def _glu(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_glu / ggml_glu_split: act(x0) * x1, the halves of source 0 or sources 0 and 1."""
+    act = GLU_ACT.get(param_enum(n, "glu", GluOp))
+    if act is None:
+        raise _unsupported(n, n.op_desc())
+    a = r.read_f32(src(n, 0))
+    b = _opt_f32(n, r, 1)
+    if b is not None:
+        x0, x1 = a, b
+    else:
+        nc = a.shape[-1] // 2
+        x0, x1 = a[..., :nc], a[..., nc:]
+    if param_flag(n, "swapped"):
+        x0, x1 = x1, x0
+    return act(x0) * x1
+
+
+def _cont(n: Tensor, r: Reader) -> jnp.ndarray:
+    """CONT, DUP: source 0 in its own type (I32 stays I32) reshaped to the node's contiguous shape."""
+    a = src(n, 0)
+    x = r.read(a)
+    return (x if a.type is GGMLType.I32 else as_f32(x, a.type)).reshape(shape_of(n))
+
+
+def _get_rows(n: Tensor, r: Reader) -> jnp.ndarray:
+    a = src(n, 0)
+    return get_rows(r.read(a), a.type, r.read(src(n, 1)))
+
+
+def _rope(n: Tensor, r: Reader) -> jnp.ndarray:
+    return rope(r.read_f32(src(n, 0)), r.read(src(n, 1)).reshape(-1), _opt_f32(n, r, 2), n)
+
+
+def _soft_max(n: Tensor, r: Reader) -> jnp.ndarray:
+    return soft_max_ext(r.read_f32(src(n, 0)), _opt_f32(n, r, 1), param_f32(n, "scale"),
+                        param_f32(n, "max_bias", 0.0))
+
+
+def _flash_attn_ext(n: Tensor, r: Reader) -> jnp.ndarray:
+    return flash_attn_ext(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)), r.read_f32(src(n, 2)), _opt_f32(n, r, 3),
+                          param_f32(n, "scale"), param_f32(n, "max_bias", 0.0), param_f32(n, "logit_softcap", 0.0))
+
+
+def _diag_mask_inf(n: Tensor, r: Reader) -> jnp.ndarray:
+    shape = shape_of(n)
+    n_past = param_i32(n, "n_past")
+    cols = np.arange(shape[3])[None, :]
+    rows = np.arange(shape[2])[:, None]
+    return jnp.where(jnp.asarray(cols > n_past + rows), -jnp.inf, r.read_f32(src(n, 0)))
+
+
+# ops whose node is a view of an existing tensor that they overwrite: fn returns that base's new storage
+
+def _set_rows(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_set_rows(dst, rows, ids): sources (rows, ids, dst); the rows land in dst at the ids."""
+    return layout.write_rows(r.flat(src(n, 2)), n, r.read_f32(src(n, 0)), r.read(src(n, 1))[0])
+
+
+def _cpy(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_cpy(a, b): a's values, converted to b's type, written through the view of b."""
+    return layout.write(r.flat(src(n, 1)), n, r.read_f32(src(n, 0)).reshape(shape_of(n)))
+
+
+def _clamp(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_clamp returns a view of a: the clipped values are written in place."""
+    a = src(n, 0)
+    return layout.write(r.flat(a), n, jnp.clip(r.read_f32(a), param_f32(n, "min"), param_f32(n, "max")))
+
+
+KERNELS: dict[Op, Kernel] = {
+    Op.ADD: _binary(jnp.add), Op.SUB: _binary(jnp.subtract), Op.MUL: _binary(jnp.multiply),
+    Op.DIV: _binary(jnp.divide),
+    Op.ADD1: Kernel(lambda n, r: r.read_f32(src(n, 0)) + r.read_f32(src(n, 1)).reshape(())),
+    Op.MUL_MAT: Kernel(lambda n, r: mul_mat(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)))),
+    Op.RMS_NORM: Kernel(lambda n, r: rms_norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
+    Op.NORM: Kernel(lambda n, r: norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
+    Op.SCALE: Kernel(lambda n, r: r.read_f32(src(n, 0)) * param_f32(n, "s") + param_f32(n, "b", 0.0)),
+    Op.GET_ROWS: Kernel(_get_rows),
+    Op.ROPE: Kernel(_rope),
+    Op.SOFT_MAX: Kernel(_soft_max),
+    Op.FLASH_ATTN_EXT: Kernel(_flash_attn_ext),
+    Op.GLU: Kernel(_glu),
+    Op.UNARY: Kernel(_unary),
+    Op.CONT: Kernel(_cont), Op.DUP: Kernel(_cont),
+    Op.SQR: _map(jnp.square), Op.SQRT: _map(jnp.sqrt), Op.LOG: _map(jnp.log),
+    Op.SIN: _map(jnp.sin), Op.COS: _map(jnp.cos),
+    Op.SUM: Kernel(lambda n, r: jnp.sum(r.read_f32(src(n, 0))).reshape(shape_of(n))),
+    Op.SUM_ROWS: _map(lambda x: jnp.sum(x, axis=-1, keepdims=True)),
+    Op.MEAN: _map(lambda x: jnp.mean(x, axis=-1, keepdims=True)),
+    Op.ARGMAX: Kernel(lambda n, r: jnp.argmax(r.read_f32(src(n, 0)), axis=-1).astype(jnp.int32).reshape(shape_of(n))),
+    Op.REPEAT: Kernel(lambda n, r: tile_to(r.read_f32(src(n, 0)), shape_of(n))),
+    Op.CONCAT: Kernel(lambda n, r: jnp.concatenate([r.read_f32(src(n, 0)), r.read_f32(src(n, 1))],
+                                                   axis=3 - param_i32(n, "dim"))),
+    Op.FILL: Kernel(lambda n, r: jnp.full(shape_of(n), param_f32(n, "c"), jnp.float32)),
+    Op.DIAG_MASK_INF: Kernel(_diag_mask_inf),
+    Op.SET_ROWS: Kernel(_set_rows, writes_view_src=True),
+    Op.CPY: Kernel(_cpy, writes_view_src=True),
+    Op.CLAMP: Kernel(_clamp, writes_view_src=True),
+    **MOE_KERNELS,
+}
+
+# the ops a split's program sees writing into a tensor it did not create (toolkit.jaxrt.compile)
+VIEW_SRC_WRITERS = frozenset(op for op, k in KERNELS.items() if k.writes_view_src)
+
+
+def kernel_for(node: Tensor) -> Kernel:
+    """The table's kernel for ``node``'s op; an op without one raises UnsupportedFeature naming it."""
+    k = KERNELS.get(node.op)
+    if k is None:
+        raise _unsupported(node, node.op_desc())
+    return k
+
+
 # ---- the evaluator -----------------------------------------------------------------------
 
-INPLACE_OPS = frozenset({Op.SET_ROWS, Op.CPY, Op.CLAMP})
-
-
 class Env:
-    """Flat storage of base tensors; ``eval(node)`` runs one ggml node functionally."""
+    """Flat storage of base tensors; ``eval(node)`` runs one ggml node functionally (a :class:`Reader`)."""
 
     def __init__(self, values: dict[Tensor, jnp.ndarray] | None = None) -> None:
         self.values: dict[Tensor, jnp.ndarray] = dict(values or {})
@@ -243,124 +405,12 @@ class Env:
     def eval(self, node: Tensor) -> None:
         if is_view_op(node.op) or node.op is Op.NONE:
             return  # views are read through their strides when used (ggml_view_tensor)
-        if node.op in INPLACE_OPS:
-            self._eval_inplace(node)
-            return
-        out = compute(node, self)
-        dtype = layout.storage_dtype(node.type)
-        self._set(node, out.astype(dtype).reshape(-1))
-
-    def _eval_inplace(self, node: Tensor) -> None:
-        base = node.view_src if node.view_src is not None else node
-        if node.op is Op.SET_ROWS:
-            rows, ids, dst = node.src[0], node.src[1], node.src[2]
-            assert rows is not None and ids is not None and dst is not None
-            new = layout.write_rows(self.flat(dst), node, self.read_f32(rows), self.read(ids)[0])
-        elif node.op is Op.CPY:
-            a, b = node.src[0], node.src[1]
-            assert a is not None and b is not None
-            vals = self.read_f32(a).reshape(node.ne[3], node.ne[2], node.ne[1], node.ne[0])
-            new = layout.write(self.flat(b), node, vals)
-        else:  # CLAMP (ggml_clamp returns a view of a: written in place)
-            a = node.src[0]
-            assert a is not None
-            vals = jnp.clip(self.read_f32(a), node.op_params["min"], node.op_params["max"])
-            new = layout.write(self.flat(a), node, vals)
-        self._set(base, new)
-
-
-def src_slots(node: Tensor) -> list[Tensor | None]:
-    """The node's sources padded with None to GGML_MAX_SRC slots: a kernel reads an optional
-    source (rope's freq factors, the softmax mask, a GLU's second half) by its slot."""
-    s = node.src
-    return s if len(s) >= MAX_SRC else [*s, *([None] * (MAX_SRC - len(s)))]
-
-
-def compute(node: Tensor, env: Env) -> jnp.ndarray:
-    """The logical f32/i32 result of a non-view, not-in-place node."""
-    op, p = node.op, node.op_params
-    s = src_slots(node)
-    f32 = env.read_f32
-    shape = (node.ne[3], node.ne[2], node.ne[1], node.ne[0])
-    if op in BINARY:
-        a = f32(s[0])  # type: ignore[arg-type]
-        return BINARY[op](a, tile_to(f32(s[1]), a.shape))  # type: ignore[arg-type]
-    if op is Op.MUL_MAT:
-        return mul_mat(f32(s[0]), f32(s[1]))  # type: ignore[arg-type]
-    if op is Op.RMS_NORM:
-        return rms_norm(f32(s[0]), p["eps"])  # type: ignore[arg-type]
-    if op is Op.NORM:
-        return norm(f32(s[0]), p["eps"])  # type: ignore[arg-type]
-    if op is Op.SCALE:
-        return f32(s[0]) * p["s"] + p.get("b", 0.0)  # type: ignore[arg-type]
-    if op is Op.GET_ROWS:
-        src = s[0]
-        assert src is not None
-        return get_rows(env.read(src), src.type, env.read(s[1]))  # type: ignore[arg-type]
-    if op is Op.ROPE:
-        ff = f32(s[2]) if s[2] is not None else None
-        return rope(f32(s[0]), env.read(s[1]).reshape(-1), ff, p)  # type: ignore[arg-type]
-    if op is Op.SOFT_MAX:
-        mask = f32(s[1]) if s[1] is not None else None
-        return soft_max_ext(f32(s[0]), mask, p["scale"], p.get("max_bias", 0.0))  # type: ignore[arg-type]
-    if op is Op.FLASH_ATTN_EXT:
-        mask = f32(s[3]) if s[3] is not None else None
-        return flash_attn_ext(f32(s[0]), f32(s[1]), f32(s[2]), mask,  # type: ignore[arg-type]
-                              p["scale"], p.get("max_bias", 0.0), p.get("logit_softcap", 0.0))  # type: ignore[arg-type]
-    if op is Op.GLU:
-        kind = p["glu"]
-        a = f32(s[0])  # type: ignore[arg-type]
-        if s[1] is not None:
-            x0, x1 = a, f32(s[1])
+        k = kernel_for(node)
+        out = k.fn(node, self)
+        if k.writes_view_src:
+            self._set(node.view_src if node.view_src is not None else node, out)
         else:
-            nc = a.shape[-1] // 2
-            x0, x1 = a[..., :nc], a[..., nc:]
-        if p.get("swapped"):
-            x0, x1 = x1, x0
-        return GLU_ACT[kind](x0) * x1  # type: ignore[index]
-    if op is Op.UNARY:
-        return UNARY[p["unary"]](f32(s[0]))  # type: ignore[index,arg-type]
-    if op in (Op.CONT, Op.DUP):
-        src = s[0]
-        assert src is not None
-        x = env.read(src)
-        return (x if src.type is GGMLType.I32 else as_f32(x, src.type)).reshape(shape)
-    return _compute_misc(node, env, shape)
-
-
-def _compute_misc(node: Tensor, env: Env, shape: tuple[int, int, int, int]) -> jnp.ndarray:
-    op, p, s = node.op, node.op_params, src_slots(node)
-    if op in MOE_KERNELS:
-        return MOE_KERNELS[op](node, env, shape)
-    x = env.read_f32(s[0]) if s[0] is not None else None  # type: ignore[arg-type]
-    assert x is not None
-    simple: dict[Op, Callable[[jnp.ndarray], jnp.ndarray]] = {
-        Op.SQR: jnp.square, Op.SQRT: jnp.sqrt, Op.LOG: jnp.log, Op.SIN: jnp.sin, Op.COS: jnp.cos,
-    }
-    if op in simple:
-        return simple[op](x)
-    if op is Op.SUM:
-        return jnp.sum(x).reshape(shape)
-    if op is Op.SUM_ROWS:
-        return jnp.sum(x, axis=-1, keepdims=True)
-    if op is Op.MEAN:
-        return jnp.mean(x, axis=-1, keepdims=True)
-    if op is Op.ARGMAX:
-        return jnp.argmax(x, axis=-1).astype(jnp.int32).reshape(shape)
-    if op is Op.REPEAT:
-        return tile_to(x, shape)
-    if op is Op.CONCAT:
-        return jnp.concatenate([x, env.read_f32(s[1])], axis=3 - int(p["dim"]))  # type: ignore[arg-type,call-overload]
-    if op is Op.ADD1:
-        return x + env.read_f32(s[1]).reshape(())  # type: ignore[arg-type]
-    if op is Op.FILL:
-        return jnp.full(shape, p["c"], jnp.float32)  # type: ignore[arg-type]
-    if op is Op.DIAG_MASK_INF:
-        n_past = int(p["n_past"])  # type: ignore[call-overload]
-        cols = np.arange(shape[3])[None, :]
-        rows = np.arange(shape[2])[:, None]
-        return jnp.where(jnp.asarray(cols > n_past + rows), -jnp.inf, x)
-    raise NotImplementedError(f"the JAX runtime has no kernel for {node.op_desc()} (node {node.name!r})")
+            self._set(node, out.astype(layout.storage_dtype(node.type)).reshape(-1))
 
 
 def eval_nodes(nodes: list[Tensor], values: dict[Tensor, jnp.ndarray]) -> Env:

@@ -1,7 +1,8 @@
 """JAX kernels for the ops of llama.cpp's mixture-of-experts FFN (``build_moe_ffn``), in ggml's layouts.
 
-Values are logical arrays in numpy order ``(ne3, ne2, ne1, ne0)``, as in :mod:`toolkit.jaxrt.kernels`
-(which dispatches here); SUM_ROWS, CLAMP, DIV and GET_ROWS of the router weights are the generic kernels.
+Values are logical arrays in numpy order ``(ne3, ne2, ne1, ne0)``, as in :mod:`toolkit.jaxrt.kernels`,
+whose table :data:`MOE_KERNELS` joins; SUM_ROWS, CLAMP, DIV and GET_ROWS of the router weights are the
+generic kernels.
 
 - ``MUL_MAT_ID(as, b, ids)`` (ggml-cpu ``ggml_compute_forward_mul_mat_id``): ``as`` ``(1, n_expert, n_out, k)``,
   ``b`` ``(1, T, n_b, k)``, ``ids`` I32 ``(1, 1, T, n_used)``; ``result[0, t, j] = as[ids[t, j]] @ b[t, j % n_b]``.
@@ -10,13 +11,11 @@ Values are logical arrays in numpy order ``(ne3, ne2, ne1, ne0)``, as in :mod:`t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from toolkit.ggml.tensor import Op, Tensor
+from toolkit.jaxrt.operands import Kernel, Reader, shape_of, src
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -41,20 +40,16 @@ def argsort(x: jnp.ndarray, descending: bool) -> jnp.ndarray:
     return jnp.argsort(x, axis=-1, stable=True, descending=descending).astype(jnp.int32)
 
 
-def _mul_mat_id(node: Tensor, env: Any, shape: tuple[int, int, int, int]) -> jnp.ndarray:
-    as_, b, ids = node.src[0], node.src[1], node.src[2]
-    assert as_ is not None and b is not None and ids is not None
-    return mul_mat_id(env.read_f32(as_), env.read_f32(b), env.read(ids)).reshape(shape)
+def _mul_mat_id(n: Tensor, r: Reader) -> jnp.ndarray:
+    return mul_mat_id(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)), r.read(src(n, 2))).reshape(shape_of(n))
 
 
-def _argsort(node: Tensor, env: Any, shape: tuple[int, int, int, int]) -> jnp.ndarray:
-    a = node.src[0]
-    assert a is not None
-    return argsort(env.read_f32(a), node.op_params.get("order") == "desc").reshape(shape)
+def _argsort(n: Tensor, r: Reader) -> jnp.ndarray:
+    return argsort(r.read_f32(src(n, 0)), n.op_params.get("order") == "desc").reshape(shape_of(n))
 
 
-# op -> kernel(node, env, shape), looked up by toolkit.jaxrt.kernels.compute
-MOE_KERNELS: dict[Op, Callable[[Tensor, Any, tuple[int, int, int, int]], jnp.ndarray]] = {
-    Op.MUL_MAT_ID: _mul_mat_id,
-    Op.ARGSORT: _argsort,
+# the MoE ops' entries of toolkit.jaxrt.kernels.KERNELS
+MOE_KERNELS: dict[Op, Kernel] = {
+    Op.MUL_MAT_ID: Kernel(_mul_mat_id),
+    Op.ARGSORT: Kernel(_argsort),
 }
