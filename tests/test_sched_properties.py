@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from toolkit.backend import Backend, Buffer, profiles
 from toolkit.ggml import F32, Graph, Tensor, ops
 from toolkit.ggml.tensor import VIEW_OPS, BufferUsage, Op
-from toolkit.sched import INPLACE_OPS, Scheduler
+from toolkit.sched import CAN_INPLACE_OPS, Scheduler
 from toolkit.sched.gallocr import merged_intervals, peak_live_bytes
 
 GPU_KINDS: list[Callable[[int], Backend]] = [
@@ -155,7 +155,7 @@ def check_invariants(s: Scheduler, g: Graph, allocs: bool = True) -> None:
         p = life.inplace_of
         if p is not None:
             t = life.tensor
-            assert t.op in INPLACE_OPS and p in t.src and p.view_src is None and not p.is_output
+            assert t.op in CAN_INPLACE_OPS and p in t.src and p.view_src is None and not p.is_output
             assert (p.type, p.ne, p.nb) == (t.type, t.ne, t.nb)
             assert max(consumers[id(p)]) == pos[id(t)]  # t was p's last consumer
     by_chunk: dict[tuple[int, int], list] = {}  # type: ignore[type-arg]

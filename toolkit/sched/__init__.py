@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from toolkit.sched.compute import Step
 from toolkit.sched.dyn_alloc import GGML_VBUFFER_MAX_CHUNKS, MAX_FREE_BLOCKS, AllocatorAbort, DynAllocator
-from toolkit.sched.gallocr import INPLACE_OPS, GraphAllocator
+from toolkit.sched.gallocr import CAN_INPLACE_OPS, GraphAllocator
 from toolkit.sched.metadata import (
     GGML_SCHED_MAX_BACKENDS,
     GGML_SCHED_MAX_COPIES,
@@ -51,7 +51,7 @@ from toolkit.sched.split import Assignment, SchedState, SchedulerAbort, Split, g
 __all__ = [
     "Assignment", "SchedState", "ggml_backend_sched_split_graph",
     "GGML_SCHED_MAX_BACKENDS", "GGML_SCHED_MAX_COPIES", "GGML_SCHED_MAX_SPLIT_INPUTS", "GGML_VBUFFER_MAX_CHUNKS",
-    "INPLACE_OPS", "MAX_FREE_BLOCKS", "AllocatorAbort", "BufferPlan", "Cause", "DynAllocator", "GraphAllocator",
+    "CAN_INPLACE_OPS", "MAX_FREE_BLOCKS", "AllocatorAbort", "BufferPlan", "Cause", "DynAllocator", "GraphAllocator",
     "GraphTooLarge", "NodePlacement", "Plan", "Scheduler", "SchedulerAbort", "Split", "Step", "SplitInfo", "SplitInput",
     "TensorAlloc", "context_buffer_size", "graph_overhead", "hash_size", "host_metadata_breakdown",
     "host_metadata_bytes",

@@ -19,14 +19,14 @@ from toolkit.ggml.tensor import BufferUsage, Op, Tensor, TensorFlag
 from toolkit.sched.dyn_alloc import DynAllocator
 from toolkit.sched.metadata import hash_size
 
-# ggml_op_can_inplace
-INPLACE_OPS = frozenset({
+# ggml_op_can_inplace: the ops whose result may reuse the memory of a source it is the last consumer of
+CAN_INPLACE_OPS = frozenset({
     Op.FILL, Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD_ID, Op.ADD1, Op.SUB, Op.MUL,
     Op.DIV, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.ROPE_BACK, Op.SILU_BACK, Op.RMS_NORM,
     Op.RMS_NORM_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK,
 })
 # plain-int views of the hot membership tests: Enum hashing and IntFlag arithmetic are Python-level
-INPLACE_OP_NAMES = frozenset(op.value for op in INPLACE_OPS)
+CAN_INPLACE_OP_NAMES = frozenset(op.value for op in CAN_INPLACE_OPS)
 _INPUT = int(TensorFlag.INPUT)
 _OUTPUT = int(TensorFlag.OUTPUT)
 _and = int.__and__
@@ -188,7 +188,7 @@ class GraphAllocator:
         if hn.allocated or t.data is not None or t.buffer is not None or t.view_src is not None:
             return
         hn.allocated = True
-        if t.op._value_ in INPLACE_OP_NAMES:
+        if t.op._value_ in CAN_INPLACE_OP_NAMES:
             for p in t.src:
                 if p is None:
                     continue
