@@ -9,7 +9,7 @@
 2. ``python -m toolkit run`` on a 9 MB GGUF with a 32,000-token vocabulary (the tiny model),
    3 tokens, with a warm persistent compile cache: subprocess wall seconds, JAX import included
    (median of ``--runs`` after one warm-up run). The same run is split into its phases (JAX
-   import, toolkit imports, GGUF parse, Context, weights + engine, decode) in a second child.
+   import, toolkit imports, GGUF parse, Context, weights + runtime_of, decode) in a second child.
 
 Files are written once with the ``gguf`` package into ``--dir`` (default: a temporary folder).
 ``--profile OUTDIR`` writes pyinstrument HTML profiles of both (``context.html``, ``run.html``).
@@ -71,7 +71,7 @@ import jax, jax.numpy
 t.append(time.perf_counter())
 from toolkit.context import Context
 from toolkit.jaxrt.gguf_io import read_gguf
-from toolkit.jaxrt.runtime import engine, load_weights
+from toolkit.jaxrt.runtime import runtime_of, load_weights
 from toolkit.models import ContextParams
 t.append(time.perf_counter())
 model = read_gguf(sys.argv[1])
@@ -80,12 +80,12 @@ ctx = Context(model.hparams, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512,
 t.append(time.perf_counter())
 import toolkit.jaxrt.gguf_io as gio
 load_weights(ctx, model if hasattr(gio, "GGUFFile") else sys.argv[1])  # an older checkout parses again
-eng = engine(ctx)
+rt = runtime_of(ctx)
 t.append(time.perf_counter())
-eng.decode([1, 2, 3])
+rt.decode([1, 2, 3])
 t.append(time.perf_counter())
 names = ["import jax", "import toolkit (context, jaxrt)", "GGUF parse", "Context (first reserve)",
-         "weights + engine", "decode 3 tokens (compile cache warm)"]
+         "weights + runtime_of", "decode 3 tokens (compile cache warm)"]
 print(json.dumps({n: t[i + 1] - t[i] for i, n in enumerate(names)}))
 """
 

@@ -94,20 +94,20 @@ def make_ctx(hp: Any, **cp: Any) -> Any:
 def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
     import jax
 
-    from toolkit.jaxrt.runtime import engine
+    from toolkit.jaxrt.runtime import runtime_of
     from toolkit.models import LlamaHParams
 
     hp = LlamaHParams(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, n_vocab=4096, name="bench")
     ctx, values = make_ctx(hp, n_ubatch=n_tokens, n_batch=n_tokens)
-    eng = engine(ctx)
+    rt = runtime_of(ctx)
     prompt = list(np.random.default_rng(0).integers(0, hp.n_vocab, n_tokens))
     ref = reference_forward(hp)
     W = {k: jax.device_put(v) for k, v in values.items()}
     toks = jax.device_put(np.asarray(prompt, np.int32))
 
     def sched_once() -> np.ndarray:
-        eng.clear()
-        return eng.decode(prompt)
+        rt.clear()
+        return rt.decode(prompt)
 
     def ref_once() -> np.ndarray:
         return np.asarray(ref(W, toks))
@@ -126,7 +126,7 @@ def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
     s, r = statistics.median(t_s), statistics.median(t_r)
     return {"model": f"{hp.n_layer}L E{hp.n_embd} ff{hp.n_ff} V{hp.n_vocab}", "n_tokens": n_tokens,
             "scheduled_tok_s": n_tokens / s, "jit_reference_tok_s": n_tokens / r, "ratio": r / s,
-            "max_rel_err": err, "graph_reused": eng.log[-1].graph_reused}
+            "max_rel_err": err, "graph_reused": rt.log[-1].graph_reused}
 
 
 def bench_rebuild_reuse(reps: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from arch_models import recipe_of, reference, write_model  # noqa: E402
 
 from toolkit.context import Context  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
-from toolkit.jaxrt.runtime import Engine, engine  # noqa: E402
+from toolkit.jaxrt.runtime import ContextRuntime, runtime_of  # noqa: E402
 from toolkit.models import ContextParams  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -34,11 +34,11 @@ def _jax_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     enable_persistent_cache(str(tmp_path_factory.mktemp("jaxcache")))
 
 
-def _engine(path: str, *, n_ctx: int = 256, n_ubatch: int = 256, fa: str = "off", devices: tuple[str, ...] = (),
-            ngl: int = 999, kv: str = "f16") -> Engine:
+def _runtime(path: str, *, n_ctx: int = 256, n_ubatch: int = 256, fa: str = "off", devices: tuple[str, ...] = (),
+             ngl: int = 999, kv: str = "f16") -> ContextRuntime:
     cp = ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, flash_attn=fa,  # type: ignore[arg-type]
                        devices=devices, n_gpu_layers=ngl if devices else 0, type_k=kv, type_v=kv)
-    return engine(Context(path, cp))
+    return runtime_of(Context(path, cp))
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -58,12 +58,12 @@ def test_logits_match_llama_cpp(entry: dict[str, Any], tmp_path: Path) -> None:
     r = recipe_of(entry)
     path = str(tmp_path / "m.gguf")
     write_model(path, r)
-    eng = _engine(path, fa=entry["flash_attn"])
-    rows = [eng.decode(entry["prompt"])[-1]]
+    rt = _runtime(path, fa=entry["flash_attn"])
+    rows = [rt.decode(entry["prompt"])[-1]]
     if r["arch"] == "llama":   # llama3_logits.cpp decodes both steps in one batch
-        rows.append(eng.decode(entry["steps"])[-1])
+        rows.append(rt.decode(entry["steps"])[-1])
     else:
-        rows += [eng.decode([s])[-1] for s in entry["steps"]]
+        rows += [rt.decode([s])[-1] for s in entry["steps"]]
     assert len(rows) == len(entry["logits_first_2048"]) == len(entry["argmax"])
     for got, want, am in zip(rows, entry["logits_first_2048"], entry["argmax"]):
         want = np.asarray(want, np.float32)
@@ -79,8 +79,8 @@ def test_llama3_rope_freqs_applied_over_a_long_prompt(tmp_path: Path) -> None:
     path = str(tmp_path / "llama3.gguf")
     w = write_model(path, r)
     tokens = [int(x) for x in np.random.default_rng(5).integers(0, r["n_vocab"], 520)]
-    eng = _engine(path, n_ctx=1024, n_ubatch=256)
-    got = eng.decode(tokens)
+    rt = _runtime(path, n_ctx=1024, n_ubatch=256)
+    got = rt.decode(tokens)
     assert _rel(got, reference(w, r, tokens)) < TOL_REF
     assert _rel(got, reference(w, r, tokens, rope_freqs=False)) > TOL_REF
 
@@ -97,13 +97,13 @@ def test_gemma3_longer_than_the_window(devices: tuple[str, ...], n_ubatch: int, 
     path = str(tmp_path / "gemma3.gguf")
     w = write_model(path, r)
     tokens = [int(x) for x in np.random.default_rng(7).integers(0, r["n_vocab"], 302)]
-    eng = _engine(path, n_ctx=512, n_ubatch=n_ubatch, devices=devices, kv="f32")
-    assert eng.caches == {"": (512, 0), "_swa": (512 if n_ubatch == 512 else 256, 128)}
-    got = np.concatenate([eng.decode(tokens[:300]), eng.decode(tokens[300:301]), eng.decode(tokens[301:])])
+    rt = _runtime(path, n_ctx=512, n_ubatch=n_ubatch, devices=devices, kv="f32")
+    assert rt.caches == {"": (512, 0), "_swa": (512 if n_ubatch == 512 else 256, 128)}
+    got = np.concatenate([rt.decode(tokens[:300]), rt.decode(tokens[300:301]), rt.decode(tokens[301:])])
     assert _rel(got, reference(w, r, tokens, kv_f16=False)) < TOL_REF
     assert _rel(got, reference(w, {**r, "sliding_window": 0}, tokens, kv_f16=False)) > TOL_REF
     if devices:
-        assert len(eng.log[0].splits) > 1
+        assert len(rt.log[0].splits) > 1
 
 
 @pytest.mark.parametrize("devices", [(), ("sim", "sim")], ids=["cpu", "2sim"])
@@ -113,8 +113,8 @@ def test_qwen3_matches_reference(devices: tuple[str, ...], fa: str, kv: str, tmp
     path = str(tmp_path / "qwen3.gguf")
     w = write_model(path, r)
     tokens = [int(x) for x in np.random.default_rng(9).integers(0, r["n_vocab"], 40)]
-    eng = _engine(path, n_ubatch=16, fa=fa, devices=devices, kv=kv)
-    got = np.concatenate([eng.decode(tokens[:39]), eng.decode(tokens[39:])])
+    rt = _runtime(path, n_ubatch=16, fa=fa, devices=devices, kv=kv)
+    got = np.concatenate([rt.decode(tokens[:39]), rt.decode(tokens[39:])])
     assert _rel(got, reference(w, r, tokens, kv_f16=kv == "f16")) < TOL_REF
 
 

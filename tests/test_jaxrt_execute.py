@@ -16,7 +16,7 @@ from toolkit.ggml import F16, F32, I32, Q8_0, BufferUsage, GGMLType, Graph, Tens
 from toolkit.jaxrt import layout  # noqa: E402
 from toolkit.jaxrt.compile import CompileCache  # noqa: E402
 from toolkit.jaxrt.devices import make_backends  # noqa: E402
-from toolkit.jaxrt.execute import Runtime  # noqa: E402
+from toolkit.jaxrt.execute import GraphRunner  # noqa: E402
 from toolkit.jaxrt.kernels import eval_nodes  # noqa: E402
 from toolkit.sched.scheduler import Scheduler  # noqa: E402
 
@@ -115,19 +115,19 @@ def reference(model: Mini, steps: list[list[int]]) -> list[np.ndarray]:
 
 
 def scheduled(model: Mini, steps: list[list[int]], *, parallel: bool = False, op_offload: bool = False,
-              rt: Runtime | None = None) -> tuple[list[np.ndarray], Runtime, list[int]]:
-    rt = rt or Runtime(model.backends, CompileCache())
+              runner: GraphRunner | None = None) -> tuple[list[np.ndarray], GraphRunner, list[int]]:
+    runner = runner or GraphRunner(model.backends, CompileCache())
     sched = Scheduler(model.backends, None, 2048, parallel, op_offload)
     out, pos, n_splits = [], 0, []
     for toks in steps:
         g, inp, logits = model.graph(len(toks))
         sched.reset()
         assert sched.alloc_graph(g)
-        res = rt.execute(sched, g, feeds(inp, toks, pos), [logits])
-        out.append(rt.read(res[logits], logits).reshape(len(toks), V))
+        res = runner.execute(sched, g, feeds(inp, toks, pos), [logits])
+        out.append(runner.read(res[logits], logits).reshape(len(toks), V))
         n_splits.append(sched.n_splits)
         pos += len(toks)
-    return out, rt, n_splits
+    return out, runner, n_splits
 
 
 STEPS = [[3, 1, 4, 1, 5, 9, 2, 6], [5], [3]]
@@ -141,20 +141,20 @@ def close(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 def test_single_cpu_matches_unscheduled() -> None:
     m = Mini(make_backends("cpu"), 2, 0)
-    got, rt, n_splits = scheduled(m, STEPS)
+    got, runner, n_splits = scheduled(m, STEPS)
     close(got, reference(m, STEPS))
     assert n_splits == [1, 1, 1]
     # the same split signature compiles once and then hits the cache
-    assert [ps.cache_hit for ps in rt.last_splits] == [True]
+    assert [ps.cache_hit for ps in runner.last_splits] == [True]
 
 
 @pytest.mark.parametrize("ngl", [0, 2, 5])
 def test_three_simulated_accelerators(ngl: int) -> None:
     m = Mini(make_backends("sim:2"), 4, ngl)
-    got, rt, n_splits = scheduled(m, STEPS)
+    got, runner, n_splits = scheduled(m, STEPS)
     close(got, reference(m, STEPS))
     if ngl:
-        assert n_splits[0] > 1 and rt.last_stats.n_copies > 0
+        assert n_splits[0] > 1 and runner.last_stats.n_copies > 0
 
 
 def test_op_offload_copies_host_weights_each_eval() -> None:
@@ -172,9 +172,9 @@ def test_op_offload_copies_host_weights_each_eval() -> None:
 def test_pipeline_parallel_rotates_copies() -> None:
     m = Mini(make_backends("sim:2"), 4, 5)
     steps = [[1, 2, 3], [4], [5], [6], [7]]
-    got, rt, _ = scheduled(m, steps, parallel=True)
+    got, runner, _ = scheduled(m, steps, parallel=True)
     close(got, reference(m, steps))
-    assert rt.cache.misses <= 2 * len(rt.last_splits) + 2  # copies rotate, the programs stay the same
+    assert runner.cache.misses <= 2 * len(runner.last_splits) + 2  # copies rotate, the programs stay the same
 
 
 def test_quantized_weights_on_accelerator() -> None:

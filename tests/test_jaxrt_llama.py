@@ -18,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 from toolkit.context import Context  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
-from toolkit.jaxrt.runtime import Engine, engine, load_weights  # noqa: E402
+from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of  # noqa: E402
 from toolkit.models import ContextParams, LlamaHParams, presets  # noqa: E402
 
 
@@ -90,25 +90,26 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict
     return out
 
 
-def make_engine(path: str, *, devices: tuple[str, ...] = (), ngl: int = 999, fa: bool = False,
-                op_offload: bool = False, parallel: bool = False, n_ubatch: int = 64, kv: str = "f32") -> Engine:
-    """A Context over the GGUF file (the real llama graph, pins and scheduler) and its engine."""
+def make_runtime(path: str, *, devices: tuple[str, ...] = (), ngl: int = 999, fa: bool = False,
+                 op_offload: bool = False, parallel: bool = False, n_ubatch: int = 64, kv: str = "f32"
+                 ) -> ContextRuntime:
+    """A Context over the GGUF file (the real llama graph, pins and scheduler) and its runtime (runtime_of)."""
     hp = read_gguf(path, with_tensors=False).hparams
     cp = ContextParams(n_ctx=256, n_batch=256, n_ubatch=n_ubatch, flash_attn="on" if fa else "off",
                        type_k=kv, type_v=kv, n_gpu_layers=ngl, devices=devices, op_offload=op_offload)
     ctx = Context(hp, cp, parallel=parallel)
     load_weights(ctx, path)
-    eng = engine(ctx)
+    rt = runtime_of(ctx)
     assert ctx.scheduler.n_copies == (4 if parallel else 1)
-    return eng
+    return rt
 
 
 PROMPT = [1, 17, 42, 9, 200, 3, 77, 5]
 
 
-def check(eng: Engine, w: dict[str, np.ndarray], hp: LlamaHParams, steps: list[list[int]], tol: float = 1e-4,
+def check(rt: ContextRuntime, w: dict[str, np.ndarray], hp: LlamaHParams, steps: list[list[int]], tol: float = 1e-4,
           kv_f16: bool = False) -> None:
-    got = np.concatenate([eng.decode(s) for s in steps])
+    got = np.concatenate([rt.decode(s) for s in steps])
     seq = [t for s in steps for t in s]
     want = llama_reference(w, hp, seq, kv_f16)
     err = np.abs(got - want).max() / np.abs(want).max()
@@ -117,62 +118,62 @@ def check(eng: Engine, w: dict[str, np.ndarray], hp: LlamaHParams, steps: list[l
 
 def test_one_cpu_device_prompt_then_single_tokens(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path)
-    check(eng, w, tiny(), [PROMPT, [4], [8], [15]])
-    assert {len(log.splits) for log in eng.log} == {1}
+    rt = make_runtime(path)
+    check(rt, w, tiny(), [PROMPT, [4], [8], [15]])
+    assert {len(log.splits) for log in rt.log} == {1}
 
 
 @pytest.mark.parametrize("ngl", [0, 2, 999])
 def test_three_simulated_accelerators_by_ngl(files, ngl: int) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=("sim", "sim", "sim"), ngl=ngl)
-    check(eng, w, tiny(), [PROMPT, [4]])
+    rt = make_runtime(path, devices=("sim", "sim", "sim"), ngl=ngl)
+    check(rt, w, tiny(), [PROMPT, [4]])
     if ngl:
-        assert len(eng.log[0].splits) > 1 and eng.log[0].n_copies > 0
+        assert len(rt.log[0].splits) > 1 and rt.log[0].n_copies > 0
 
 
 @pytest.mark.parametrize("op_offload", [True, False])
 def test_op_offload_at_batch_40(files, op_offload: bool) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=("sim",), ngl=0, op_offload=op_offload)
+    rt = make_runtime(path, devices=("sim",), ngl=0, op_offload=op_offload)
     prompt = list(range(2, 42))  # 40 tokens: CPU weights' MUL_MATs offload to SIM0 when on
-    check(eng, w, tiny(), [prompt, [4]])
-    assert (eng.log[0].weight_copies > 0) == op_offload
-    assert eng.log[1].weight_copies == 0  # one token never offloads
+    check(rt, w, tiny(), [prompt, [4]])
+    assert (rt.log[0].weight_copies > 0) == op_offload
+    assert rt.log[1].weight_copies == 0  # one token never offloads
 
 
 def test_pipeline_parallel_ubatches(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=("sim", "sim"), parallel=True, n_ubatch=16)
+    rt = make_runtime(path, devices=("sim", "sim"), parallel=True, n_ubatch=16)
     prompt = list(range(3, 43))  # 40 tokens = 3 ubatches dispatched without waiting
-    check(eng, w, tiny(), [prompt, [4], [9]])
-    assert len(eng.log) == 5
+    check(rt, w, tiny(), [prompt, [4], [9]])
+    assert len(rt.log) == 5
 
 
 @pytest.mark.parametrize("devices", [(), ("sim", "sim")])
 def test_flash_attention_on(files, devices: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=devices, fa=True)
-    check(eng, w, tiny(), [PROMPT, [4], [8]])
+    rt = make_runtime(path, devices=devices, fa=True)
+    check(rt, w, tiny(), [PROMPT, [4], [8]])
 
 
 def test_f16_kv_cache(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=("sim",), kv="f16")
-    check(eng, w, tiny(), [PROMPT, [4]], tol=1e-4, kv_f16=True)
+    rt = make_runtime(path, devices=("sim",), kv="f16")
+    check(rt, w, tiny(), [PROMPT, [4]], tol=1e-4, kv_f16=True)
 
 
 @pytest.mark.parametrize("dt", ["f16", "bf16", "q8_0", "q4_0"])
 def test_gguf_weight_types(files, dt: str) -> None:  # type: ignore[no-untyped-def]
     path, w = files[dt]
-    eng = make_engine(path, devices=("sim",), ngl=2)
-    check(eng, w, tiny(dt), [PROMPT, [4]], tol=1e-4)
+    rt = make_runtime(path, devices=("sim",), ngl=2)
+    check(rt, w, tiny(dt), [PROMPT, [4]], tol=1e-4)
 
 
 def test_generate_is_greedy_over_reference(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    eng = make_engine(path, devices=("sim",))
-    out = eng.generate(PROMPT, 4)
+    rt = make_runtime(path, devices=("sim",))
+    out = rt.generate(PROMPT, 4)
     seq = list(PROMPT)
     for _ in range(4):
         seq.append(int(np.argmax(llama_reference(w, tiny(), seq)[-1])))
@@ -184,8 +185,8 @@ def test_q8_0_kv_cache_with_flash_attention(tmp_path: Path) -> None:
     hp = LlamaHParams(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_vocab=256, name="hd64")
     path = str(tmp_path / "hd64.gguf")
     w = write_gguf(path, hp, seed=4)
-    eng = make_engine(path, devices=("sim",), fa=True, kv="q8_0")
-    got = np.concatenate([eng.decode(PROMPT), eng.decode([4])])
+    rt = make_runtime(path, devices=("sim",), fa=True, kv="q8_0")
+    got = np.concatenate([rt.decode(PROMPT), rt.decode([4])])
     want = llama_reference(w, hp, [*PROMPT, 4], kv="q8_0")
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 1e-4, err

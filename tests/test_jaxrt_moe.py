@@ -23,7 +23,7 @@ from toolkit.ggml.tensor import Tensor  # noqa: E402
 from toolkit.ggml.types import F32, I32, Q8_0  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.kernels import eval_nodes  # noqa: E402
-from toolkit.jaxrt.runtime import Engine, engine, load_weights  # noqa: E402
+from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of  # noqa: E402
 from toolkit.models import ContextParams, LlamaHParams  # noqa: E402
 from toolkit.models.moe import MoEParams  # noqa: E402
 
@@ -90,13 +90,13 @@ def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int],
     return np.asarray(mm(rms(x, W["output_norm.weight"]), W["output.weight"]))
 
 
-def make_engine(path: str, *, devices: tuple[str, ...] = (), n_ubatch: int = 64, kv: str = "f32",
-                **cp: object) -> tuple[Context, Engine]:
+def make_runtime(path: str, *, devices: tuple[str, ...] = (), n_ubatch: int = 64, kv: str = "f32",
+                 **cp: object) -> tuple[Context, ContextRuntime]:
     hp = read_gguf(path, with_tensors=False).hparams
     ctx = Context(hp, ContextParams(n_ctx=256, n_batch=256, n_ubatch=n_ubatch, flash_attn="off", type_k=kv,
                                     type_v=kv, devices=devices, **cp))  # type: ignore[arg-type]
     load_weights(ctx, path)
-    return ctx, engine(ctx)
+    return ctx, runtime_of(ctx)
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +141,8 @@ def test_kernels_on_a_hand_built_graph() -> None:
 
 def test_one_cpu_prompt_then_single_tokens(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["f32"]
-    _, eng = make_engine(path)
-    got = np.concatenate([eng.decode(s) for s in (PROMPT, [4], [8])])
+    _, rt = make_runtime(path)
+    got = np.concatenate([rt.decode(s) for s in (PROMPT, [4], [8])])
     assert _rel(got, moe_reference(w, moe_hp(), [*PROMPT, 4, 8])) < 1e-4
 
 
@@ -151,14 +151,14 @@ def test_two_simulated_devices_experts_on_cpu(files, mode: dict[str, object]) ->
     """Experts in host memory on 2 simulated accelerators: pp (40 tokens) offloads MUL_MAT_ID to SIM0 and
     copies whole expert tensors; tg (1 token) keeps MUL_MAT_ID on the CPU."""
     path, w = files["f32"]
-    ctx, eng = make_engine(path, devices=("sim", "sim"), **mode)
+    ctx, rt = make_runtime(path, devices=("sim", "sim"), **mode)
     assert ctx.setup.model.tensor_overrides and not ctx.pipeline_parallel
     prompt = list(range(2, 42))
-    got = np.concatenate([eng.decode(prompt), eng.decode([4])])
+    got = np.concatenate([rt.decode(prompt), rt.decode([4])])
     assert _rel(got, moe_reference(w, moe_hp(), [*prompt, 4])) < 1e-4
     moved = {o.tensor for o in ctx.setup.model.tensor_overrides}
-    assert eng.log[0].weight_copies == len(moved)   # each host expert tensor copied once, to SIM0
-    assert eng.log[1].weight_copies == 0
+    assert rt.log[0].weight_copies == len(moved)   # each host expert tensor copied once, to SIM0
+    assert rt.log[1].weight_copies == 0
 
 
 def test_sched_copy_experts_moves_only_the_chosen_experts(tmp_path: Path) -> None:
@@ -168,12 +168,12 @@ def test_sched_copy_experts_moves_only_the_chosen_experts(tmp_path: Path) -> Non
                       moe=MoEParams(n_expert=16, n_expert_used=1), name="moe16")
     path = str(tmp_path / "moe16.gguf")
     w = write_gguf(path, hp, seed=9)
-    ctx, eng = make_engine(path, devices=("sim",), cpu_moe=True)
+    ctx, rt = make_runtime(path, devices=("sim",), cpu_moe=True)
     prompt = list(range(5, 37))
     choices: list[np.ndarray] = []
-    got = eng.decode(prompt)
+    got = rt.decode(prompt)
     assert _rel(got, moe_reference(w, hp, prompt, choices=choices)) < 1e-4
-    transfers = eng.log[0].expert_transfers
+    transfers = rt.log[0].expert_transfers
     assert [t.tensor for t in transfers] == [f"blk.{il}.ffn_{n}_exps.weight" for il in range(2)
                                             for n in ("gate", "up", "down")]
     for t in transfers:
@@ -192,13 +192,13 @@ def test_sched_copy_experts_moves_only_the_chosen_experts(tmp_path: Path) -> Non
             i = j + 1
         assert t.transfer_bytes == want
     assert any(t.transfer_bytes < t.buffer_bytes for t in transfers)
-    assert eng.decode([4]).shape == (1, 256) and eng.log[-1].expert_transfers == []
+    assert rt.decode([4]).shape == (1, 256) and rt.log[-1].expert_transfers == []
 
 
 def test_q8_0_experts(files) -> None:  # type: ignore[no-untyped-def]
     path, w = files["q8_0"]
-    _, eng = make_engine(path, devices=("sim",), n_cpu_moe=1)
-    got = np.concatenate([eng.decode(PROMPT), eng.decode([4])])
+    _, rt = make_runtime(path, devices=("sim",), n_cpu_moe=1)
+    got = np.concatenate([rt.decode(PROMPT), rt.decode([4])])
     assert _rel(got, moe_reference(w, moe_hp("q8_0"), [*PROMPT, 4])) < 1e-4
 
 
@@ -206,8 +206,8 @@ def test_top1_routing_uses_a_cont(tmp_path: Path) -> None:
     hp = moe_hp(k=1)
     path = str(tmp_path / "k1.gguf")
     w = write_gguf(path, hp, seed=3)
-    _, eng = make_engine(path)
-    assert _rel(eng.decode(PROMPT), moe_reference(w, hp, PROMPT)) < 1e-4
+    _, rt = make_runtime(path)
+    assert _rel(rt.decode(PROMPT), moe_reference(w, hp, PROMPT)) < 1e-4
 
 
 # ---- llama.cpp's logits for the oracle's tiny_moe_f32 ------------------------------------------------
@@ -240,8 +240,8 @@ def _oracle_rows(tmp_path: Path, dtype: str, fa: str | None = None) -> tuple[dic
                   ContextParams(n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
                                 flash_attn=fa or entry["flash_attn"]))
     load_weights(ctx, path)
-    eng = engine(ctx)
-    rows = [eng.decode(entry["prompt"])[-1]] + [eng.decode([s])[-1] for s in entry["steps"]]
+    rt = runtime_of(ctx)
+    rows = [rt.decode(entry["prompt"])[-1]] + [rt.decode([s])[-1] for s in entry["steps"]]
     return entry, rows
 
 
@@ -334,8 +334,8 @@ def test_qwen3moe_logits_match_llama_cpp(tmp_path: Path) -> None:
     ctx = Context(hp, ContextParams(n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
                                     flash_attn=entry["flash_attn"]))
     load_weights(ctx, path)
-    eng = engine(ctx)
-    rows = [eng.decode(entry["prompt"])[-1]] + [eng.decode([s])[-1] for s in entry["steps"]]
+    rt = runtime_of(ctx)
+    rows = [rt.decode(entry["prompt"])[-1]] + [rt.decode([s])[-1] for s in entry["steps"]]
     for i, (got, want) in enumerate(zip(rows, entry["logits_first_2048"])):
         want = np.asarray(want, np.float32)
         assert np.abs(got[: len(want)] - want).max() / want.std() <= 2e-2, i

@@ -23,7 +23,7 @@ from toolkit.jaxrt import cli  # noqa: E402
 from toolkit.jaxrt.compile import CompileCache, SplitProgram, enable_persistent_cache  # noqa: E402
 from toolkit.jaxrt.devices import make_backends, parse_devices  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
-from toolkit.jaxrt.runtime import bind_executors, compile_splits, decode, engine, generate, load_weights  # noqa: E402
+from toolkit.jaxrt.runtime import bind_executors, compile_splits, decode, generate, load_weights, runtime_of  # noqa: E402
 from toolkit.models import ContextParams, presets  # noqa: E402
 
 HP = dataclasses.replace(presets.tiny("f32"), n_vocab=128)
@@ -86,13 +86,13 @@ def test_rebuilt_scheduler_hits_the_cache_changed_splits_compile(gguf_path: str)
 def test_context_decode_keeps_kv_across_reuse(gguf_path: str) -> None:
     ctx = ctx_for(gguf_path)
     full = decode(ctx, [3, 1, 4, 1, 5])
-    eng = engine(ctx)
+    rt = runtime_of(ctx)
     ctx2 = ctx_for(gguf_path)
     part = decode(ctx2, [3, 1, 4])
     ctx2.update(max_nodes=8192)            # the scheduler is rebuilt, the KV cache stays
     rest = decode(ctx2, [1, 5])
     np.testing.assert_allclose(np.concatenate([part, rest]), full, rtol=1e-5, atol=1e-5)
-    assert eng.n_past == 5 and engine(ctx2).n_past == 5
+    assert rt.n_past == 5 and runtime_of(ctx2).n_past == 5
     with pytest.raises(ValueError, match="do not fit the KV cache of 256 cells"):
         decode(ctx2, list(range(300)))
     assert len(generate(ctx2, [7], 3)) == 3
@@ -113,8 +113,8 @@ def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
     alone_b = decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), b)
     np.testing.assert_allclose(np.concatenate(got_a), alone_a, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(got_b), alone_b, rtol=1e-5, atol=1e-5)
-    eng = engine(multi)
-    assert eng.seq_past == [8, 6] and eng.n_past == 8
+    rt = runtime_of(multi)
+    assert rt.seq_past == [8, 6] and rt.n_past == 8
     # the ubatch graph covers the sequence's own stream: one mask stream, the KV views at its offset
     lg = multi.build_llama_graph(4, streams=(1, 1))
     assert lg.inputs["kq_mask"].ne[3] == 1
@@ -122,8 +122,8 @@ def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
     views = [t for t in lg.graph.nodes if t.view_src is k0 and t.op is Op.VIEW]
     assert [(t.ne[3], t.view_offs) for t in views] == [(1, k0.nb[2])]   # get_k: stream 1 of 2
     # forgetting one sequence leaves the other
-    eng.clear(seq_id=1)
-    assert eng.seq_past == [8, 0]
+    rt.clear(seq_id=1)
+    assert rt.seq_past == [8, 0]
     np.testing.assert_allclose(decode(multi, b, seq_id=1), alone_b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(decode(multi, [5], seq_id=0)[0],
                                decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), [*a, 5])[-1], rtol=1e-5, atol=1e-5)
@@ -140,7 +140,7 @@ def test_a_unified_cache_runs_sequence_zero_only(gguf_path: str) -> None:
     with pytest.raises(UnsupportedFeature) as e:
         decode(ctx, [3], seq_id=1)
     assert e.value.feature == "kv_unified"
-    assert engine(ctx).seq_past == [3, 0]
+    assert runtime_of(ctx).seq_past == [3, 0]
 
 
 def test_devices_order_names_and_errors() -> None:
@@ -181,14 +181,14 @@ def test_cli_json_logits_match_decode(gguf_path: str, capsys: pytest.CaptureFixt
 
 def test_graph_reuse_until_the_scheduler_is_reserved_again(gguf_path: str) -> None:
     ctx = ctx_for(gguf_path)
-    eng = engine(ctx)
+    rt = runtime_of(ctx)
     decode(ctx, [1])
     decode(ctx, [2])
-    assert [log.graph_reused for log in eng.log] == [False, True]  # same ubatch shape: llama.cpp reuses
+    assert [log.graph_reused for log in rt.log] == [False, True]  # same ubatch shape: llama.cpp reuses
     ctx.update(max_nodes=ctx.sched_params_cur.max_nodes)          # a reserve (reused scheduler)
     decode(ctx, [3])
     decode(ctx, [4, 5])
-    assert [log.graph_reused for log in list(eng.log)[2:]] == [False, False]
+    assert [log.graph_reused for log in list(rt.log)[2:]] == [False, False]
 
 
 def test_context_without_gguf_runs_on_seeded_random_weights() -> None:
@@ -199,7 +199,7 @@ def test_context_without_gguf_runs_on_seeded_random_weights() -> None:
     with pytest.warns(UserWarning, match="random weights"):
         b = decode(Context(HP, cp, parallel=False), [1, 2, 3])  # the same seed: the same logits
     np.testing.assert_array_equal(a, b)
-    assert a.shape == (3, HP.n_vocab) and engine(ctx).notes
+    assert a.shape == (3, HP.n_vocab) and runtime_of(ctx).notes
 
 
 def test_context_from_gguf_path_runs_its_weights_and_compile_is_an_event(gguf_path: str) -> None:

@@ -7,28 +7,31 @@ Importing this package imports JAX; nothing in the pure core imports it. Entry p
   :func:`compile_splits(ctx)` → compiled / cache hit and compile ms per split (for a reserve event);
   :func:`load_weights(ctx, path)` → attach a GGUF file's weights to a context.
 - :func:`make_backends("sim:2") <toolkit.jaxrt.devices.make_backends>` → backends bound to JAX devices.
-- :class:`~toolkit.jaxrt.runtime.Engine` and :class:`~toolkit.jaxrt.execute.Runtime` for graphs built
-  without a context; :mod:`~toolkit.jaxrt.kernels` for the ops themselves.
+- :func:`runtime_of(ctx) <toolkit.jaxrt.runtime.runtime_of>` → the context's
+  :class:`~toolkit.jaxrt.runtime.ContextRuntime` (its weights and KV cache on the devices, the decode loop,
+  the log of split compilations).
+- :class:`~toolkit.jaxrt.execute.GraphRunner` runs any scheduled graph's splits, also graphs built
+  without a context; :data:`~toolkit.jaxrt.kernels.KERNELS` is the table of the ops themselves.
 """
 
 from __future__ import annotations
 
 from toolkit.jaxrt.compile import CompileCache, default_cache, enable_persistent_cache
 from toolkit.jaxrt.devices import configure_cpu_devices, make_backends, request_cpu_devices
-from toolkit.jaxrt.execute import GraphRunner, Runtime, SplitSpec
+from toolkit.jaxrt.execute import GraphRunner, SplitSpec
 from toolkit.jaxrt.runtime import (
-    Engine,
+    ContextRuntime,
     bind_executors,
     compile_splits,
     decode,
-    engine,
     generate,
     init_random_weights,
     load_weights,
+    runtime_of,
 )
 
 __all__ = [
-    "CompileCache", "Engine", "GraphRunner", "Runtime", "SplitSpec", "bind_executors", "compile_splits",
-    "configure_cpu_devices", "decode", "default_cache", "enable_persistent_cache", "engine", "generate",
-    "init_random_weights", "load_weights", "make_backends", "request_cpu_devices",
+    "CompileCache", "ContextRuntime", "GraphRunner", "SplitSpec", "bind_executors", "compile_splits",
+    "configure_cpu_devices", "decode", "default_cache", "enable_persistent_cache", "generate",
+    "init_random_weights", "load_weights", "make_backends", "request_cpu_devices", "runtime_of",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 from toolkit.context import Context
 from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
 from toolkit.jaxrt.gguf_io import read_gguf
-from toolkit.jaxrt.runtime import engine, load_weights
+from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of
 from toolkit.models import ContextParams
 
 
@@ -73,11 +73,11 @@ def _model_devices(spec: str, budget: str | None) -> tuple[str, ...]:
     return ("cuda",) * gpus + ("tpu",) * tpus
 
 
-def _ggml_vs_xla(ctx: Any, eng: Any) -> list[dict[str, Any]]:
+def _ggml_vs_xla(ctx: Context, rt: ContextRuntime) -> list[dict[str, Any]]:
     """Per backend: the ggml plan's compute buffer beside XLA's temp + output bytes of its splits."""
     out = []
     for i, b in enumerate(ctx.scheduler.backends):
-        mine = [ps.compiled for ps in eng.rt.last_splits if ps.spec.backend_id == i]
+        mine = [ps.compiled for ps in rt.runner.last_splits if ps.spec.backend_id == i]
         temp = [c.temp_bytes for c in mine]
         outs = [c.output_bytes for c in mine]
         out.append({"backend": b.name, "buft": ctx.scheduler.bufts[i].name,
@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        op_offload=args.op_offload)
     ctx = Context(hp, cp, parallel=args.parallel)
     load_weights(ctx, model)
-    eng = engine(ctx)
-    logits = eng.decode(args.tokens)
+    rt = runtime_of(ctx)
+    logits = rt.decode(args.tokens)
     last = logits[-1]
     top = np.argsort(-last)[:5]
     return {
@@ -105,9 +105,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "backends": [{"name": b.name, "kind": b.kind, "device": str(b.executor)} for b in ctx.backends],
         "events": [e.to_dict() for e in ctx.events], "events_text": [e.to_text() for e in ctx.events],
         "ubatches": [{"n_tokens": lg.n_tokens, "n_copies": lg.n_copies, "weight_copies": lg.weight_copies,
-                      "splits": lg.splits} for lg in eng.log],
-        "splits_text": eng.rt.splits_text(),
-        "ggml_vs_xla": _ggml_vs_xla(ctx, eng),
+                      "splits": lg.splits} for lg in rt.log],
+        "splits_text": rt.runner.splits_text(),
+        "ggml_vs_xla": _ggml_vs_xla(ctx, rt),
         "argmax": int(top[0]), "top5": [[int(i), float(last[i])] for i in top],
         "logits": [float(x) for x in last],
     }

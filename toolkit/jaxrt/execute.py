@@ -1,5 +1,5 @@
 """Run a scheduled graph: splits in order, split inputs copied between devices
-(``ggml_backend_sched_compute_splits``).
+(``ggml_backend_sched_compute_splits``); :class:`GraphRunner` does it.
 
 Each split runs as one compiled executable on its backend's JAX device. Before a split runs,
 its inputs are copied onto its device: the byte range of the source (a view keeps its
@@ -131,15 +131,84 @@ def sched_copy_experts(spec: SplitSpec, k: int, src: Tensor, copy: Tensor, node:
     return out, ExpertTransfer(k, src.name, src.nbytes, nbytes, used, tuple(runs))
 
 
+def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
+    """A tensor's logical value as numpy (f32 for float types), for callers and tests."""
+    if t.view_src is None and t.type.name in ("F32", "I32") and t.is_contiguous:
+        # a packed f32/i32 result: no device op, one host copy
+        return np.asarray(flat).reshape(t.ne[3], t.ne[2], t.ne[1], t.ne[0])
+    x = layout.read(flat, t)
+    return np.asarray(x if t.type.name in ("I32", "I64") else as_f32(x, t.type))
+
+
+def scheduler_splits(sched: Scheduler) -> list[SplitSpec]:
+    """The allocated graph's splits with their (source, copy for cur_copy) pairs
+    (``ggml_backend_sched_split_graph`` pass 5)."""
+    return [SplitSpec(sp.backend_id, list(sp.nodes), sched.split_input_pairs(sp)) for sp in sched.splits]
+
+
 class GraphRunner:
-    """Compiles the splits of a scheduled graph and runs them over a value store."""
+    """Runs scheduled graphs on the backends' JAX devices (``ggml_backend_sched_graph_compute``).
 
-    def __init__(self, devices: Sequence[Any], cache: CompileCache | None = None) -> None:
-        self.devices = list(devices)
+    It holds the tensors that have a ``buffer`` (weights, KV cache), each on the JAX device of the
+    backend that owns its buffer type (host buffer types: the CPU), and a compile cache. A scheduled
+    graph's splits are compiled once per signature and device (:meth:`prepare_splits`,
+    :meth:`prepare_graph`) and dispatched in order, split inputs copied first (:meth:`run_splits`,
+    :meth:`run_graph`). The KV cache is carried between calls; graph inputs are copied from the host
+    on each call.
+    """
+
+    def __init__(self, backends: Sequence[Any], cache: CompileCache | None = None) -> None:
+        self.backends = list(backends)
+        cpu = jax.local_devices(backend="cpu")[0]
+        self.devices = [b.executor if b.executor is not None else cpu for b in self.backends]
         self.cache = cache if cache is not None else default_cache()
+        self.store: dict[Tensor, jax.Array] = {}
+        self.last_splits: list[PreparedSplit] = []
+        self.last_stats = RunStats()
 
-    def prepare(self, splits: Sequence[SplitSpec], keep: set[Tensor], donate: set[Tensor] | None = None
-                ) -> list[PreparedSplit]:
+    def device_for(self, t: Tensor) -> Any:
+        """The device of the backend owning t's buffer type; host buffer types live on the CPU."""
+        buft = getattr(t.buffer, "buft", None)
+        for b, dev in zip(self.backends, self.devices):
+            if b.buft is buft:
+                return dev
+        if buft is None or getattr(buft, "is_host", False):
+            return self.devices[-1]
+        for b, dev in zip(self.backends, self.devices):
+            # a buft a backend reads as its own (the CPU's repack buffer)
+            if any(buft is r for r in getattr(b.profile, "readable_bufts", ())):
+                return dev
+        raise ValueError(f"tensor {t.name!r} lives in buffer type {buft.name!r}, which no backend owns "
+                         f"(backends: {', '.join(b.name for b in self.backends)})")
+
+    def set_tensor(self, t: Tensor, data: np.ndarray) -> None:
+        """Place a weight (or a KV tensor's contents) on its device."""
+        flat = layout.host_storage(t, np.asarray(data))
+        if flat.shape[0] != layout.storage_units(t):
+            raise ValueError(f"{t.name!r}: got {flat.shape[0]} storage units, the tensor holds "
+                             f"{layout.storage_units(t)} ({t.type.name} {list(t.ne)})")
+        self.store[t] = jax.device_put(flat, self.device_for(t))
+
+    def persistent(self, t: Tensor) -> jax.Array:
+        x = self.store.get(t)
+        if x is None:
+            if t.is_weight:
+                if t.data is None:
+                    raise ValueError(f"weight {t.name!r} has no data: load a GGUF file or call set_tensor")
+                self.set_tensor(t, t.data)
+            else:  # a KV cache starts zeroed, as llama.cpp clears its buffer
+                dev = self.device_for(t)
+                self.store[t] = jax.device_put(
+                    np.zeros(layout.storage_units(t), np.dtype(layout.storage_dtype(t.type))), dev)  # type: ignore[call-overload]
+            x = self.store[t]
+        return x
+
+    def reset_kv(self) -> None:
+        for t in [t for t in self.store if not t.is_weight]:
+            del self.store[t]
+
+    def prepare_splits(self, splits: Sequence[SplitSpec], keep: set[Tensor], donate: set[Tensor] | None = None
+                       ) -> list[PreparedSplit]:
         """Programs and executables for each split. ``keep``: bases needed after the graph
         (outputs, KV cache); a split also keeps whatever later splits read."""
         first = [SplitProgram.build(s.nodes, keep=set()) for s in splits]
@@ -161,8 +230,8 @@ class GraphRunner:
             out.append(PreparedSplit(s, prog, compiled, hit, dev))
         return out
 
-    def run(self, prepared: Sequence[PreparedSplit], values: dict[Tensor, jax.Array],
-            stats: RunStats | None = None) -> dict[Tensor, jax.Array]:
+    def run_splits(self, prepared: Sequence[PreparedSplit], values: dict[Tensor, jax.Array],
+                   stats: RunStats | None = None) -> dict[Tensor, jax.Array]:
         """Dispatch every split in order; ``values`` (base -> flat storage) is updated and returned."""
         st = stats if stats is not None else RunStats()
         t0 = time.perf_counter()
@@ -211,83 +280,6 @@ class GraphRunner:
         return values
 
 
-def to_host(flat: jax.Array, t: Tensor) -> np.ndarray:
-    """A tensor's logical value as numpy (f32 for float types), for callers and tests."""
-    if t.view_src is None and t.type.name in ("F32", "I32") and t.is_contiguous:
-        # a packed f32/i32 result: no device op, one host copy
-        return np.asarray(flat).reshape(t.ne[3], t.ne[2], t.ne[1], t.ne[0])
-    x = layout.read(flat, t)
-    return np.asarray(x if t.type.name in ("I32", "I64") else as_f32(x, t.type))
-
-
-def scheduler_splits(sched: Scheduler) -> list[SplitSpec]:
-    """The allocated graph's splits with their (source, copy for cur_copy) pairs
-    (``ggml_backend_sched_split_graph`` pass 5)."""
-    return [SplitSpec(sp.backend_id, list(sp.nodes), sched.split_input_pairs(sp)) for sp in sched.splits]
-
-
-class Runtime:
-    """Device-resident weights and KV cache, a compile cache, and execution of scheduled graphs.
-
-    Weights and KV tensors are the graph's leafs with a ``buffer``: each lives on the JAX
-    device of the backend that owns its buffer type (host buffer types: the CPU). The KV
-    cache is carried between calls; graph inputs are copied from the host on each call.
-    """
-
-    def __init__(self, backends: Sequence[Any], cache: CompileCache | None = None) -> None:
-        self.backends = list(backends)
-        cpu = jax.local_devices(backend="cpu")[0]
-        self.devices = [b.executor if b.executor is not None else cpu for b in self.backends]
-        self.runner = GraphRunner(self.devices, cache)
-        self.store: dict[Tensor, jax.Array] = {}
-        self.last_splits: list[PreparedSplit] = []
-        self.last_stats = RunStats()
-
-    @property
-    def cache(self) -> CompileCache:
-        return self.runner.cache
-
-    def device_for(self, t: Tensor) -> Any:
-        """The device of the backend owning t's buffer type; host buffer types live on the CPU."""
-        buft = getattr(t.buffer, "buft", None)
-        for b, dev in zip(self.backends, self.devices):
-            if b.buft is buft:
-                return dev
-        if buft is None or getattr(buft, "is_host", False):
-            return self.devices[-1]
-        for b, dev in zip(self.backends, self.devices):
-            # a buft a backend reads as its own (the CPU's repack buffer)
-            if any(buft is r for r in getattr(b.profile, "readable_bufts", ())):
-                return dev
-        raise ValueError(f"tensor {t.name!r} lives in buffer type {buft.name!r}, which no backend owns "
-                         f"(backends: {', '.join(b.name for b in self.backends)})")
-
-    def set_tensor(self, t: Tensor, data: np.ndarray) -> None:
-        """Place a weight (or a KV tensor's contents) on its device."""
-        flat = layout.host_storage(t, np.asarray(data))
-        if flat.shape[0] != layout.storage_units(t):
-            raise ValueError(f"{t.name!r}: got {flat.shape[0]} storage units, the tensor holds "
-                             f"{layout.storage_units(t)} ({t.type.name} {list(t.ne)})")
-        self.store[t] = jax.device_put(flat, self.device_for(t))
-
-    def persistent(self, t: Tensor) -> jax.Array:
-        x = self.store.get(t)
-        if x is None:
-            if t.is_weight:
-                if t.data is None:
-                    raise ValueError(f"weight {t.name!r} has no data: load a GGUF file or call set_tensor")
-                self.set_tensor(t, t.data)
-            else:  # a KV cache starts zeroed, as llama.cpp clears its buffer
-                dev = self.device_for(t)
-                self.store[t] = jax.device_put(
-                    np.zeros(layout.storage_units(t), np.dtype(layout.storage_dtype(t.type))), dev)  # type: ignore[call-overload]
-            x = self.store[t]
-        return x
-
-    def reset_kv(self) -> None:
-        for t in [t for t in self.store if not t.is_weight]:
-            del self.store[t]
-
     def prepare_graph(self, sched: Any, graph: Any, outputs: Sequence[Tensor]) -> PreparedGraph:
         """Compile (or find in the cache) the splits of an allocated graph (``sched.alloc_graph`` done).
 
@@ -300,7 +292,7 @@ class Runtime:
                 bid = sched.tensor_backend_id(leaf)
                 devs[leaf] = self.devices[bid] if bid >= 0 else self.devices[-1]
         keep = {base_of(o) for o in outputs} | kv
-        splits = self.runner.prepare(scheduler_splits(sched), keep, donate=kv)
+        splits = self.prepare_splits(scheduler_splits(sched), keep, donate=kv)
         return PreparedGraph(graph, splits, kv, devs, list(outputs))
 
     def run_graph(self, pg: PreparedGraph, inputs: dict[Tensor, np.ndarray]) -> dict[Tensor, jax.Array]:
@@ -314,7 +306,7 @@ class Runtime:
             values[t] = jax.device_put(layout.host_storage(t, np.asarray(v)), pg.input_devices.get(t, self.devices[-1]))
         self.last_splits = pg.splits
         self.last_stats = RunStats()
-        self.runner.run(pg.splits, values, self.last_stats)
+        self.run_splits(pg.splits, values, self.last_stats)
         for t in pg.kv:
             self.store[t] = values[t]
         return {o: values[base_of(o)] for o in pg.outputs}

@@ -1,7 +1,7 @@
 """Run llama ubatches through the scheduled graph: ``decode(ctx, tokens)`` and ``generate``.
 
-An :class:`Engine` holds what a llama context needs to really run: the backends bound to
-JAX devices, the device-resident weights and KV cache (:class:`~toolkit.jaxrt.execute.Runtime`),
+A :class:`ContextRuntime` holds what a context needs to really run: the backends bound to
+JAX devices, the device-resident weights and KV cache (a :class:`~toolkit.jaxrt.execute.GraphRunner`),
 the number of tokens already in the cache, and a log of split compilations. Per ubatch it
 does what ``llama_context::decode`` does around the scheduler: reset, build the graph (pins
 applied), ``alloc_graph`` (which rotates the input copies under pipeline parallelism), set
@@ -9,8 +9,8 @@ the inputs, compute the splits. Ubatches are dispatched without waiting, and log
 read once at the end, so with pipeline parallelism the devices overlap.
 
 The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` take a
-``toolkit.context.Context``; the runtime keeps each context's engine itself (a
-``WeakKeyDictionary`` keyed by the context), so nothing is parked on the context.
+``toolkit.context.Context``; the runtime keeps each context's :class:`ContextRuntime` itself
+(:func:`runtime_of`, a ``WeakKeyDictionary`` keyed by the context), so nothing is parked on the context.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
-from toolkit.jaxrt.execute import Runtime, SplitSpec, scheduler_splits
+from toolkit.jaxrt.execute import GraphRunner, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 
 # (n_tokens, n_seqs, n_outputs, graph_size, streams) -> LlamaGraph: Context.build_llama_graph
 BuildFn = Callable[..., Any]
-LOG_SIZE = 256  # ubatches kept in Engine.log (a long generation must not grow memory)
+LOG_SIZE = 256  # ubatches kept in ContextRuntime.log (a long generation must not grow memory)
 
 
 def bind_executors(backends: Sequence[Backend]) -> list[Any]:
@@ -138,8 +138,9 @@ class DecodeLog:
 
 
 @dataclass
-class Engine:
-    """Execution state for one model + KV cache + scheduler (see the module docstring)."""
+class ContextRuntime:
+    """One context's runtime state: weights and KV cache on the devices, the KV cells, the decode loop
+    (see the module docstring)."""
 
     backends: list[Backend]
     sched_fn: Callable[[], Any]            # the current scheduler (a context may rebuild it)
@@ -164,7 +165,7 @@ class Engine:
     def __post_init__(self) -> None:
         enable_persistent_cache()
         bind_executors(self.backends)
-        self.rt = Runtime(self.backends, self.cache)
+        self.runner = GraphRunner(self.backends, self.cache)
         if not self.caches:
             self.caches = {"": (self.kv_size, 0)}
         # per cache, the position held by each cell of each stream (-1: free)
@@ -199,7 +200,7 @@ class Engine:
                 v[stream] = -1
             return
         if data:
-            self.rt.reset_kv()
+            self.runner.reset_kv()
         self.seq_past = [0] * self.n_seq_max
         for v in self.cell_pos.values():
             v[:] = -1
@@ -273,15 +274,15 @@ class Engine:
                 lg = self._build(len(ub), stream)
                 if not sched.alloc_graph(lg.graph):
                     raise RuntimeError(f"alloc_graph failed for a ubatch of {len(ub)} tokens")
-                pg = self.rt.prepare_graph(sched, lg.graph, [lg.logits])
+                pg = self.runner.prepare_graph(sched, lg.graph, [lg.logits])
                 self._prev = (key, (lg, pg))
-            res = self.rt.run_graph(pg, self._inputs(lg, ub, self.seq_past[seq_id], stream))
-            st = self.rt.last_stats
+            res = self.runner.run_graph(pg, self._inputs(lg, ub, self.seq_past[seq_id], stream))
+            st = self.runner.last_stats
             self.log.append(DecodeLog(len(ub), [ps.summary() for ps in pg.splits], st.n_copies,
                                       st.weight_copies, reused, list(st.expert_transfers)))
             pending.append((res[lg.logits], lg.logits, len(ub)))
             self.seq_past[seq_id] += len(ub)
-        rows = [self.rt.read(flat, t).reshape(n, -1) for flat, t, n in pending]
+        rows = [self.runner.read(flat, t).reshape(n, -1) for flat, t, n in pending]
         return np.concatenate(rows, axis=0)
 
     def generate(self, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
@@ -307,15 +308,15 @@ class Engine:
         sched.split_graph(lg.graph)
         specs: list[SplitSpec] = scheduler_splits(sched)
         keep = {lg.logits} | set(self.kv_tensors)
-        prepared = self.rt.runner.prepare(specs, keep, donate=set(self.kv_tensors))
+        prepared = self.runner.prepare_splits(specs, keep, donate=set(self.kv_tensors))
         sched.reset()
         return DecodeLog(n_tokens, [ps.summary() for ps in prepared])
 
 
 # ---- the Context-facing functions -----------------------------------------------------------
 
-# each context's engine and the setup it was made for (a new setup: new weights and KV cache)
-_ENGINES: weakref.WeakKeyDictionary[Context, tuple[Any, Engine]] = weakref.WeakKeyDictionary()
+# each context's runtime and the setup it was made for (a new setup: new weights and KV cache)
+_RUNTIMES: weakref.WeakKeyDictionary[Context, tuple[Any, ContextRuntime]] = weakref.WeakKeyDictionary()
 
 
 def load_weights(ctx: Context, path: Any = None) -> None:
@@ -330,11 +331,11 @@ def load_weights(ctx: Context, path: Any = None) -> None:
         st.model.output.data = st.model.tensors["token_embd.weight"].data
 
 
-def engine(ctx: Context) -> Engine:
-    """The context's engine, made on first use and again when the context re-created its model
+def runtime_of(ctx: Context) -> ContextRuntime:
+    """The context's runtime, made on first use and again when the context re-created its model
     and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached."""
     st = ctx.setup
-    held = _ENGINES.get(ctx)
+    held = _RUNTIMES.get(ctx)
     if held is not None and held[0] is st:
         return held[1]
     weights = dict(st.model.tensors)
@@ -357,30 +358,30 @@ def engine(ctx: Context) -> Engine:
     if st.kv_swa is not None:
         caches["_swa"] = (st.kv_swa.kv_size, st.hparams.n_swa)
         kv_tensors += [*st.kv_swa.k, *st.kv_swa.v]
-    eng = Engine(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph,
-                 kv.kv_size, st.resolved.n_ubatch, kv_tensors, n_seq_max=st.resolved.n_seq_max,
-                 n_stream=kv.n_stream, epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
-    eng.notes = notes
-    _ENGINES[ctx] = (st, eng)
-    return eng
+    rt = ContextRuntime(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph,
+                        kv.kv_size, st.resolved.n_ubatch, kv_tensors, n_seq_max=st.resolved.n_seq_max,
+                        n_stream=kv.n_stream, epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
+    rt.notes = notes
+    _RUNTIMES[ctx] = (st, rt)
+    return rt
 
 
 def decode(ctx: Context, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> np.ndarray:
     """``Context.decode``: logits [n_tokens, n_vocab] for tokens of sequence ``seq_id`` appended to the
     context's KV cache (``last_only``: just the last token's row, [n_vocab])."""
-    logits = engine(ctx).decode(tokens, seq_id)
+    logits = runtime_of(ctx).decode(tokens, seq_id)
     return logits[-1] if last_only else logits
 
 
 def generate(ctx: Context, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
     """``Context.generate``: n greedy tokens after the prompt, in sequence ``seq_id``."""
-    return engine(ctx).generate(prompt_ids, n, seq_id)
+    return runtime_of(ctx).generate(prompt_ids, n, seq_id)
 
 
 def compile_splits(ctx: Context, n_tokens: int | None = None) -> dict[str, Any]:
     """Compile the splits of the context's current scheduler for a ubatch of n_tokens (default n_ubatch);
     returns ``{"compiled", "cache_hits", "compile_ms", "splits"}`` for a ReserveEvent's ``compile`` field."""
-    eng = engine(ctx)
-    log = eng.precompile(n_tokens or eng.n_ubatch)
+    rt = runtime_of(ctx)
+    log = rt.precompile(n_tokens or rt.n_ubatch)
     return {"compiled": log.compiled, "cache_hits": len(log.splits) - log.compiled,
             "compile_ms": round(log.compile_ms, 3), "splits": log.splits}

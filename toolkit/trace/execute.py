@@ -1,4 +1,5 @@
-"""Run a scheduled traced graph split by split, binding each node's primitive on its backend's device.
+"""Run a scheduled traced graph split by split, binding each node's primitive on its backend's device
+(:class:`TracedGraphRunner`).
 
 The order and the placement come from the scheduler (``ggml_backend_sched_split_graph`` pass 5): splits
 in order, nodes of a split in graph order, every non-view node on its split's backend. A value needed on another
@@ -67,8 +68,9 @@ def _nbytes(x: Any) -> int:
     return int(getattr(x, "nbytes", 0))
 
 
-class Executor:
-    """Executes nodes (in graph order) under a node → backend assignment and split ranges."""
+class TracedGraphRunner:
+    """Runs a scheduled traced graph: its nodes in graph order under a node → backend assignment and split
+    ranges (the traced counterpart of :class:`toolkit.jaxrt.execute.GraphRunner`)."""
 
     def __init__(self, nodes: Sequence[Tensor], node_backend: Sequence[int],
                  splits: Sequence[tuple[int, int, int]], devices: Sequence[Any], names: Sequence[str],

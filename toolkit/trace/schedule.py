@@ -13,7 +13,7 @@ from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
 from toolkit.ggml.tensor import is_view_op
 from toolkit.sched import Scheduler
 from toolkit.trace.checks import check_plan
-from toolkit.trace.execute import Executor, RunReport
+from toolkit.trace.execute import RunReport, TracedGraphRunner
 from toolkit.trace.nodes import LeafInfo
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Schedule:
     plan: Plan | None = None
     ok: bool = True
     last_run: RunReport | None = None
-    _executors: dict[str, Executor] = field(default_factory=dict)
+    _runners: dict[str, TracedGraphRunner] = field(default_factory=dict)
 
     # ---- making one ------------------------------------------------------------------------
     @classmethod
@@ -155,9 +155,10 @@ class Schedule:
                                "buffers past their budget cannot run")
         devs = list(devices) if devices is not None else [device_of(b) for b in self.backends]
         key = f"{mode}:{','.join(str(d) for d in devs)}"
-        if key not in self._executors:
+        if key not in self._runners:
             names = [b.name for b in self.backends]
-            self._executors[key] = Executor(self.built.graph.nodes, self.node_backend, self.splits, devs, names, mode)
+            self._runners[key] = TracedGraphRunner(self.built.graph.nodes, self.node_backend, self.splits, devs, names,
+                                                   mode)
         flat_args = jax.tree_util.tree_leaves(tuple(args))
         if len(flat_args) != len(tr.arg_paths):
             raise ValueError(f"expected {len(tr.arg_paths)} array arguments (flattened), got {len(flat_args)}")
@@ -182,7 +183,7 @@ class Schedule:
             else:
                 values[id(t)] = info.value
                 homes[id(t)] = None
-        outs, report = self._executors[key].run(values, homes, self.built.outputs)
+        outs, report = self._runners[key].run(values, homes, self.built.outputs)
         self.last_run = report
         for i, t in enumerate(self.built.outputs):
             info = t.extra
