@@ -61,7 +61,7 @@ def test_events_explain_each_decision() -> None:
     assert par.decision == "rebuilt" and par.n_copies == 4 and par.pipeline_parallel
     assert [str(r) for r in par.reasons] == ["parallel off \u2192 on"]
     assert [e.index for e in ctx.events] == list(range(5))
-    assert all(e.n_nodes_pp == 68 and e.n_splits_pp == 1 for e in ctx.events)
+    assert all(e.graphs["pp"].n_nodes == 68 and e.graphs["pp"].n_splits == 1 for e in ctx.events)
 
 
 def test_reused_buffers_keep_their_historical_size() -> None:
@@ -76,7 +76,7 @@ def test_reused_buffers_keep_their_historical_size() -> None:
     assert ev.kept_buffers == {"CPU": 66717696}
     assert ctx.compute_buffers_bytes() == {"CPU": 66717696}
     b = ev.buffers[0]
-    assert (b.allocated, b.needed_pp) == (66717696, 16679424)
+    assert (b.allocated, b.needed["pp"]) == (66717696, 16679424)
     # a rebuild reports the current worst case again
     assert ctx.update(op_offload=False).buffers[0].allocated == 16679424
 
@@ -172,7 +172,7 @@ def test_changing_devices_rebuilds_and_matches_a_fresh_context() -> None:
     obs = case("rpc1-tiny_f32-ngl99-oo1-c1024-b2048-ub512-faon")["observed"]
     assert ctx.compute_buffers_bytes() == obs["compute_buffers_bytes"]
     assert ctx.model_buffers_bytes == obs["model_buffers_bytes"]
-    assert (ev.n_splits_pp, ev.n_splits_tg) == (obs["graph_splits"], obs["graph_splits_tg"])
+    assert (ev.graphs["pp"].n_splits, ev.graphs["tg"].n_splits) == (obs["graph_splits"], obs["graph_splits_tg"])
     # moving layers between the same backends keeps the scheduler (and its larger buffers)
     again = ctx.update(n_gpu_layers=1)
     assert again.decision == "reused"

@@ -11,7 +11,7 @@ import json
 import plotly.graph_objects as go
 import pytest
 
-from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
 from toolkit.ui import figures, text
 from toolkit.ui.layers import group_starts, layer_labels, layer_of, node_runs
@@ -52,12 +52,16 @@ def sample_plan(n_layer: int = 4, lower_bound: int | None = 3 * MIB) -> Plan:
 
 def _event(i: int, decision: str, params: SchedParams, prev: SchedParams | None, reasons: tuple[Reason, ...],
            alloc: int, need: int, trigger: str, **kw: object) -> ReserveEvent:
-    bufs = (BufferSize("CUDA0", "CUDA0", alloc, need, need // 2), BufferSize("CPU", "CPU", 65536, 65536, 4096))
+    bufs = (BufferSize("CUDA0", "CUDA0", alloc, {"pp": need, "tg": need // 2}),
+            BufferSize("CPU", "CPU", 65536, {"pp": 65536, "tg": 4096}))
     host = 1000 * params.max_nodes if decision in ("rebuilt", "fallback") else 0
     saved = 1000 * params.max_nodes if decision == "reused" else 0
     return ReserveEvent(i, decision, reasons, params, prev, trigger, {"sched_new": 0.5, "total": 2.0 + i},  # type: ignore[arg-type]
-                        host, saved, 2 * params.max_nodes, (16,), bufs, {"CUDA0": 8 * MIB}, {"CUDA0": 20 * MIB},
-                        {"CPU": MIB}, 300, 290, 3, 2, 1, False, plan=sample_plan(), **kw)  # type: ignore[arg-type]
+                        host, saved, 2 * params.max_nodes, (16,), bufs,
+                        graphs={"pp": GraphRecord(300, 3), "tg": GraphRecord(290, 2)}, last_graph="pp",
+                        memory={"model": {"CUDA0": 20 * MIB}, "KV": {"CUDA0": 8 * MIB}, "output": {"CPU": MIB},
+                                "compute": {"CUDA0": alloc, "CPU": 65536}},
+                        n_copies=1, pipeline_parallel=False, plan=sample_plan(), **kw)  # type: ignore[arg-type]
 
 
 def sample_events() -> list[ReserveEvent]:
@@ -151,8 +155,13 @@ def test_buffer_sizes_newest_and_history() -> None:
     assert list(alloc.x) == ["CUDA0", "CPU"] and list(alloc.customdata) == [2 * MIB, 65536]
     assert list(alloc.y) == [2.0, 65536 / MIB]
     assert "2,097,152 B" in alloc.hovertext[0]
-    assert list(by_name["KV cache"].customdata) == [8 * MIB]
-    assert list(by_name["weights"].customdata) == [20 * MIB]
+    assert list(by_name["KV"].customdata) == [8 * MIB]
+    assert list(by_name["model"].customdata) == [20 * MIB]
+    assert list(by_name["output"].x) == ["CPU"] and list(by_name["output"].customdata) == [MIB]
+    # one "compute needed" trace per graph label, each that graph's own need
+    assert list(by_name["compute needed (pp)"].customdata) == [2 * MIB, 65536]
+    assert list(by_name["compute needed (tg)"].customdata) == [MIB, 4096]
+    assert "compute" not in by_name   # the compute group is the compute bars
     # held host metadata: the fallback's fresh scheduler
     assert list(by_name["sched host metadata"].customdata) == [1000 * 2048]
     hist = by_name["CUDA0 allocated"]
