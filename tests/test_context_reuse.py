@@ -207,3 +207,28 @@ def test_both_contexts_are_read_through_the_view_protocol() -> None:
     assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
     assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
     assert not isinstance(object(), ContextView)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True])
+def test_a_reserve_records_pp_and_tg_by_label(no_alloc: bool) -> None:
+    """sched_reserve's pp → tg → pp: two graphs under their labels (pp in its first place, with the
+    numbers of its last reserve, whose plan the event keeps), each with what it alone needs: the
+    oracle's graph-only sizes (``graph_only_alloc_bytes``, llama.cpp sized each graph on its own).
+    Under no_alloc the tg graph is only split: it needs nothing. The memory groups are the setup's."""
+    from toolkit.context import memory_groups
+
+    c = case("rpc1-tiny_f32-ngl99-oo1-c1024-b2048-ub512-faon")
+    ctx = context_from_case(c, no_alloc=no_alloc)
+    ev = ctx.events[-1]
+    obs = c["observed"]
+    assert list(ev.graphs) == ["pp", "tg"] and ev.last_graph == "pp" and ev.planned is ev.graphs["pp"]
+    assert [(g.n_nodes, g.n_splits) for g in ev.graphs.values()] == [
+        (obs["graph_nodes"], obs["graph_splits"]), (obs["graph_nodes_tg"], obs["graph_splits_tg"])]
+    only = {(g["graph"], g["backend"]): g["bytes"] for g in obs["graph_only_alloc_bytes"]}
+    for b in ev.buffers:
+        assert b.needed == {"pp": only[("pp", b.backend)], "tg": 0 if no_alloc else only[("tg", b.backend)]}
+        assert b.needed_max == b.needed["pp"]
+    assert ev.memory == {**memory_groups(ctx.setup), "compute": ctx.compute_buffers_bytes()}
+    assert list(ev.memory) == ["model", "KV", "output", "compute"]
+    assert ev.memory["KV"] == obs["kv_buffers_bytes"] == ev.context_memory()
+    assert ev.memory["model"] == obs["model_buffers_bytes"] and ev.memory["output"] == obs["output_buffer_bytes"]

@@ -6,11 +6,13 @@ the figures draw exactly the data they were given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import plotly.graph_objects as go
 import pytest
 
+from toolkit.compare import compare
 from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
 from toolkit.ui import figures, text
@@ -218,3 +220,50 @@ def test_figures_are_theme_neutral_and_serialisable() -> None:
         assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
         assert fig.layout.template.layout.paper_bgcolor is None or fig.layout.paper_bgcolor
         json.loads(fig.to_json())
+
+
+def _grouped_event(graphs: dict[str, GraphRecord], memory: dict[str, dict[str, int]]) -> ReserveEvent:
+    labels = list(graphs)
+    bufs = (BufferSize("CUDA0", "CUDA0", 4 * MIB, {g: (k + 1) * MIB for k, g in enumerate(labels)}),)
+    return ReserveEvent(0, "rebuilt", (), SchedParams(2048, False, True), None, "initial", buffers=bufs,
+                        graphs=graphs, last_graph=labels[-1], memory={**memory, "compute": {"CUDA0": 4 * MIB}},
+                        plan=sample_plan())
+
+
+def test_a_new_memory_group_shows_everywhere() -> None:
+    """A memory kind no consumer names (recurrent state, "RS") is drawn, printed, compared and summed
+    into the context's memory as the KV cache is."""
+    ev = _grouped_event({"pp": GraphRecord(300, 3), "tg": GraphRecord(290, 2)},
+                        {"model": {"CUDA0": 20 * MIB}, "KV": {"CUDA0": 8 * MIB}, "RS": {"CUDA0": 3 * MIB, "CPU": MIB},
+                         "output": {"CPU": MIB}})
+    by_name = {t.name: t for t in figures.buffer_sizes([ev]).data}
+    assert dict(zip(by_name["RS"].x, by_name["RS"].customdata)) == {"CUDA0": 3 * MIB, "CPU": MIB}
+    lines = text.buffers_text([ev]).splitlines()
+    assert [x.split() for x in lines if x.split()[0] == "RS"] == [["RS", "CUDA0", "3.00", "MiB"],
+                                                                  ["RS", "CPU", "1.00", "MiB"]]
+    assert ev.context_memory() == {"CUDA0": 11 * MIB, "CPU": MIB}   # KV + RS; not model, output, compute
+    later = dataclasses.replace(ev, index=1, memory={**ev.memory, "RS": {"CUDA0": 5 * MIB, "CPU": MIB}})
+    d = compare(ev, later)
+    assert [(m.buffer, m.change) for m in d.memory if m.group == "RS"] == [("CUDA0", 2 * MIB), ("CPU", 0)]
+    assert "RS        CUDA0 3.00 MiB -> 5.00 MiB (+2.00 MiB)" in text.diff_text(d)
+
+
+def test_one_graph_draws_one_trace_and_prints_its_label() -> None:
+    """A traced context's event: one graph label, one compute-needed trace, one entry per text form."""
+    ev = _grouped_event({"graph": GraphRecord(40, 2)}, {"model": {"CUDA0": MIB}})
+    fig = figures.buffer_sizes([ev])
+    assert [t.name for t in fig.data if t.name.startswith("compute needed")] == ["compute needed (graph)"]
+    assert "needed" in text.buffers_text([ev]) and "(graph 1,048,576 B)" in text.buffers_text([ev])
+    assert text.graphs_text(ev) == "graph 40 nodes 2 splits"
+    assert "nodes graph=40 splits graph=2" in ev.to_text()
+    assert ev.planned == GraphRecord(40, 2)
+    d = json.loads(json.dumps(ev.to_dict(), default=str))
+    assert d["graphs"] == {"graph": {"n_nodes": 40, "n_splits": 2}} and d["last_graph"] == "graph"
+    assert d["buffers"][0]["needed"] == {"graph": MIB} and list(d["memory"]) == ["model", "compute"]
+
+
+def test_two_graphs_in_the_text_forms() -> None:
+    ev = sample_events()[0]
+    assert "nodes pp/tg=300/290 splits pp/tg=3/2" in ev.to_text()
+    assert "(pp 3,145,728 B, tg 1,572,864 B)" in text.buffers_text([ev])
+    assert "graphs: pp 300 nodes 3 splits, tg 290 nodes 2 splits" in figures.timeline([ev]).data[0].hovertext[0]
