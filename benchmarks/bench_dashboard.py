@@ -67,7 +67,8 @@ def main() -> None:
     setup_ms = (time.perf_counter() - t0) * 1e3
     ev = ctx.events[-1]
     held = ctx.scheduler.max_nodes
-    print(f"model {ctx.hparams.name} on {args.devices}: {ev.n_nodes_pp} nodes (pp), {ev.n_splits_pp} splits, "
+    pp = ev.graphs["pp"]
+    print(f"model {ctx.hparams.name} on {args.devices}: {pp.n_nodes} nodes (pp), {pp.n_splits} splits, "
           f"max_nodes {held}; context + dashboard {setup_ms:.0f} ms")
 
     if profiler is not None:

@@ -32,7 +32,8 @@ def main() -> None:
         best_update = min(best_update, time.perf_counter() - t)
     ev = ctx.events[-1]
     copies = expert_copies(ev.plan) if ev.plan is not None else []
-    print(f"model {hp.name}: {ev.n_nodes_pp} nodes, {ev.n_splits_pp} splits (pp), {ev.n_splits_tg} (tg), "
+    pp, tg = ev.graphs["pp"], ev.graphs["tg"]
+    print(f"model {hp.name}: {pp.n_nodes} nodes, {pp.n_splits} splits (pp), {tg.n_splits} (tg), "
           f"{len(copies)} expert copies, CUDA0 compute {ctx.compute_buffers_bytes()['CUDA0'] / 2**20:.1f} MiB")
     print(f"{'figure':<34} {'seconds':>9} {'target':>8}")
     print(f"{'create (n_cpu_moe 4)':<34} {best_create:9.3f} {TARGET_CREATE_S:8.1f}")

@@ -8,10 +8,12 @@ Buffer sizes and counts below are arbitrary inputs; the expected deltas are thei
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_sched_explain import hand_plan
 
 from toolkit.compare import compare, default_pair
-from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.ui.text import diff_text
 
 MIB = 1 << 20
@@ -19,13 +21,15 @@ MIB = 1 << 20
 
 def event(i: int, decision: str, op_offload: bool, prev: SchedParams | None, alloc: int, need: int,
           splits: int, host: int = 0, saved: int = 0, reasons: tuple[Reason, ...] = (), plan: bool = True,
-          max_nodes: int = 2048) -> ReserveEvent:
+          max_nodes: int = 2048, graphs: tuple[str, ...] = ("pp", "tg"), kv: int = MIB) -> ReserveEvent:
     p = SchedParams(max_nodes, False, op_offload)
+    halves = {g: k for g, k in zip(graphs, (1, 2, 4))}
     return ReserveEvent(i, decision, reasons, p, prev, f"step {i}",  # type: ignore[arg-type]
                         host_metadata_bytes=host, saved_host_metadata_bytes=saved,
-                        buffers=(BufferSize("CUDA0", "CUDA0", alloc, need, need // 2),
-                                 BufferSize("CPU", "CPU", MIB, MIB // 2, MIB // 4)),
-                        n_nodes_pp=4, n_nodes_tg=4, n_splits_pp=splits, n_splits_tg=splits,
+                        buffers=(BufferSize("CUDA0", "CUDA0", alloc, {g: need // k for g, k in halves.items()}),
+                                 BufferSize("CPU", "CPU", MIB, {g: MIB // (2 * k) for g, k in halves.items()})),
+                        graphs={g: GraphRecord(4, splits) for g in graphs}, last_graph=graphs[0],
+                        memory={"model": {"CUDA0": 8 * MIB}, "KV": {"CUDA0": kv}, "compute": {"CUDA0": alloc}},
                         plan=hand_plan(op_offload) if plan else None)
 
 
@@ -60,6 +64,8 @@ def test_buffers_counts_params_and_decision() -> None:
     assert (cuda.allocated_change, cuda.needed_change) == (0, -MIB)
     assert d.buffer("CPU").allocated_change == 0
     assert (d.count("splits pp").a, d.count("splits pp").b, d.count("splits pp").change) == (2, 3, 1)
+    assert [c.name for c in d.counts] == ["nodes pp", "nodes tg", "splits pp", "splits tg", "n_copies"]
+    assert d.graphs == ("pp", "tg") and d.graphs_only_a == () == d.graphs_only_b
     assert d.params == (("op_offload", True, False),)
     assert (d.decision_b, d.reasons_b, d.host_metadata_cost_b) == ("rebuilt", ("op_offload on \u2192 off",), 5000)
 
@@ -91,3 +97,22 @@ def test_missing_plan_and_default_pair() -> None:
     d = compare(a, b)
     assert not d.has_plans and d.backend_changes == () and "unavailable" in diff_text(d)
     assert default_pair([a, err, b]) == (0, 2) and default_pair([a]) is None
+
+
+def test_memory_groups_and_graph_labels_on_one_side_only() -> None:
+    """A group or a graph label one reserve lacks: its bytes compare against 0, and the labels only
+    one side planned are named, not compared (a traced graph against a llama pp/tg pair)."""
+    a = event(0, "rebuilt", True, None, 3 * MIB, 3 * MIB, 2, kv=MIB)
+    b = event(1, "rebuilt", False, a.params, 3 * MIB, 2 * MIB, 3, graphs=("graph",), kv=2 * MIB)
+    b = dataclasses.replace(b, memory={**b.memory, "KV-SWA": {"CPU": 5 * MIB}})
+    d = compare(a, b)
+    assert [(m.group, m.buffer, m.a, m.b, m.change) for m in d.memory] == [
+        ("model", "CUDA0", 8 * MIB, 8 * MIB, 0), ("KV", "CUDA0", MIB, 2 * MIB, MIB),
+        ("KV-SWA", "CPU", 0, 5 * MIB, 5 * MIB)]
+    assert d.graphs == () and (d.graphs_only_a, d.graphs_only_b) == (("pp", "tg"), ("graph",))
+    assert [c.name for c in d.counts] == ["n_copies"]
+    # the most any one graph needs: a's pp (3 MiB), b's one graph (2 MiB)
+    assert (d.buffer("CUDA0").needed_a, d.buffer("CUDA0").needed_b) == (3 * MIB, 2 * MIB)
+    text = diff_text(d)
+    assert "KV-SWA          CPU 0.00 MiB -> 5.00 MiB (+5.00 MiB)" in text
+    assert "only #0 planned graph(s): pp, tg" in text and "only #1 planned graph(s): graph" in text

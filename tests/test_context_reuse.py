@@ -61,7 +61,7 @@ def test_events_explain_each_decision() -> None:
     assert par.decision == "rebuilt" and par.n_copies == 4 and par.pipeline_parallel
     assert [str(r) for r in par.reasons] == ["parallel off \u2192 on"]
     assert [e.index for e in ctx.events] == list(range(5))
-    assert all(e.n_nodes_pp == 68 and e.n_splits_pp == 1 for e in ctx.events)
+    assert all(e.graphs["pp"].n_nodes == 68 and e.graphs["pp"].n_splits == 1 for e in ctx.events)
 
 
 def test_reused_buffers_keep_their_historical_size() -> None:
@@ -76,7 +76,7 @@ def test_reused_buffers_keep_their_historical_size() -> None:
     assert ev.kept_buffers == {"CPU": 66717696}
     assert ctx.compute_buffers_bytes() == {"CPU": 66717696}
     b = ev.buffers[0]
-    assert (b.allocated, b.needed_pp) == (66717696, 16679424)
+    assert (b.allocated, b.needed["pp"]) == (66717696, 16679424)
     # a rebuild reports the current worst case again
     assert ctx.update(op_offload=False).buffers[0].allocated == 16679424
 
@@ -172,7 +172,7 @@ def test_changing_devices_rebuilds_and_matches_a_fresh_context() -> None:
     obs = case("rpc1-tiny_f32-ngl99-oo1-c1024-b2048-ub512-faon")["observed"]
     assert ctx.compute_buffers_bytes() == obs["compute_buffers_bytes"]
     assert ctx.model_buffers_bytes == obs["model_buffers_bytes"]
-    assert (ev.n_splits_pp, ev.n_splits_tg) == (obs["graph_splits"], obs["graph_splits_tg"])
+    assert (ev.graphs["pp"].n_splits, ev.graphs["tg"].n_splits) == (obs["graph_splits"], obs["graph_splits_tg"])
     # moving layers between the same backends keeps the scheduler (and its larger buffers)
     again = ctx.update(n_gpu_layers=1)
     assert again.decision == "reused"
@@ -207,3 +207,28 @@ def test_both_contexts_are_read_through_the_view_protocol() -> None:
     assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
     assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
     assert not isinstance(object(), ContextView)
+
+
+@pytest.mark.parametrize("no_alloc", [False, True])
+def test_a_reserve_records_pp_and_tg_by_label(no_alloc: bool) -> None:
+    """sched_reserve's pp → tg → pp: two graphs under their labels (pp in its first place, with the
+    numbers of its last reserve, whose plan the event keeps), each with what it alone needs: the
+    oracle's graph-only sizes (``graph_only_alloc_bytes``, llama.cpp sized each graph on its own).
+    Under no_alloc the tg graph is only split: it needs nothing. The memory groups are the setup's."""
+    from toolkit.context import memory_groups
+
+    c = case("rpc1-tiny_f32-ngl99-oo1-c1024-b2048-ub512-faon")
+    ctx = context_from_case(c, no_alloc=no_alloc)
+    ev = ctx.events[-1]
+    obs = c["observed"]
+    assert list(ev.graphs) == ["pp", "tg"] and ev.last_graph == "pp" and ev.planned is ev.graphs["pp"]
+    assert [(g.n_nodes, g.n_splits) for g in ev.graphs.values()] == [
+        (obs["graph_nodes"], obs["graph_splits"]), (obs["graph_nodes_tg"], obs["graph_splits_tg"])]
+    only = {(g["graph"], g["backend"]): g["bytes"] for g in obs["graph_only_alloc_bytes"]}
+    for b in ev.buffers:
+        assert b.needed == {"pp": only[("pp", b.backend)], "tg": 0 if no_alloc else only[("tg", b.backend)]}
+        assert b.needed_max == b.needed["pp"]
+    assert ev.memory == {**memory_groups(ctx.setup), "compute": ctx.compute_buffers_bytes()}
+    assert list(ev.memory) == ["model", "KV", "output", "compute"]
+    assert ev.memory["KV"] == obs["kv_buffers_bytes"] == ev.context_memory()
+    assert ev.memory["model"] == obs["model_buffers_bytes"] and ev.memory["output"] == obs["output_buffer_bytes"]

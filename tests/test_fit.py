@@ -108,14 +108,15 @@ def test_a_log_cut_at_exit_is_recognised() -> None:
 
 @pytest.mark.parametrize("cid", CASES)
 def test_every_probe_compute_and_kv(cid: str) -> None:
-    """Each no-alloc probe: the pp-only compute buffer per buft, the KV bytes and the layer count."""
+    """Each no-alloc probe: the pp-only compute buffer per buft, the context's memory (the KV caches
+    here) and the layer count."""
     c, got = _case(cid), _fitted(cid)
     want = c["fit"]["probes"]
     assert len(got["probes"]) == len(want)
     for g, w in zip(got["probes"], want):
         assert {x["buft"]: x["bytes"] for x in g["compute_buffer"]} == {x["buft"]: x["bytes"] for x in
                                                                         w["compute_buffer"]}
-        assert sum(x["bytes"] for x in g["kv"]) == sum(k["size_k_bytes"] + k["size_v_bytes"] for k in w["kv"])
+        assert sum(x["bytes"] for x in g["context"]) == sum(k["size_k_bytes"] + k["size_v_bytes"] for k in w["kv"])
         assert g["n_copies"] == w["summary"]["n_copies"]
 
 
@@ -127,7 +128,7 @@ def test_real_buffers_of_the_printed_parameters(cid: str) -> None:
     obs = c["run"]["observed"]
     real = got["real"]
     assert real["compute_buffers_bytes"] == obs["compute_buffers_bytes"]
-    assert real["kv_buffers_bytes"] == obs["kv_buffers_bytes"]
+    assert real["context_buffers_bytes"] == obs["kv_buffers_bytes"]   # the KV caches are the context's memory
     assert real["model_buffers_bytes"] == obs["model_buffers_bytes"]
     for d, chk in zip(real["devices"], c["run"]["device_check"]):
         assert d["real"]["total"] == chk["used_bytes"]
@@ -141,7 +142,7 @@ def test_in_process_fit_buffers(cid: str) -> None:
     obs = c["run_fit_on"]["observed"]
     assert got["real_fit_on"]["compute_buffers_bytes"] == obs["compute_buffers_bytes"]
     assert got["real_fit_on"]["model_buffers_bytes"] == obs["model_buffers_bytes"]
-    assert got["real_fit_on"]["kv_buffers_bytes"] == obs["kv_buffers_bytes"]
+    assert got["real_fit_on"]["context_buffers_bytes"] == obs["kv_buffers_bytes"]
 
 
 def test_printed_line_differs_from_the_in_process_fit() -> None:

@@ -127,10 +127,10 @@ def test_update_n_cpu_moe_on_a_live_context_gives_llama_cpps_numbers() -> None:
     CPU 2242560 with 4 and 6 splits (the buffers only grow, so a reused scheduler shows the same)."""
     ctx = Context(moe(), ContextParams(n_ctx=1024, n_batch=2048, n_ubatch=512, flash_attn="on", devices=("rpc:1",)))
     rpc = "RPC0[127.0.0.1:50052]"
-    got = [(ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ctx.events[-1].n_splits_pp)]
+    got = [(ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ctx.events[-1].graphs["pp"].n_splits)]
     for n in (1, 2):
         ev = ctx.update(n_cpu_moe=n)
-        got.append((ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ev.n_splits_pp))
+        got.append((ctx.compute_buffers_bytes()[rpc], ctx.compute_buffers_bytes()["CPU"], ev.graphs["pp"].n_splits))
     assert got == [(65667072, 1325056, 2), (65800192, 2242560, 4), (65800192, 2242560, 6)]
     assert len(ctx.setup.model.tensor_overrides) == 6 and ctx.n_copies == 1
 

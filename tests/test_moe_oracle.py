@@ -89,5 +89,5 @@ def test_node_count_rule_at_real_sizes(preset: str, fa: str, per_layer: int) -> 
 
     hp = presets.get(preset)
     ev = Context(hp, ContextParams(n_ctx=4096, n_ubatch=512, flash_attn=fa, n_gpu_layers=0)).events[-1]  # type: ignore[arg-type]
-    assert ev.n_nodes_pp == ev.n_nodes_tg == per_layer * hp.n_layer + 6
+    assert ev.graphs["pp"].n_nodes == ev.graphs["tg"].n_nodes == per_layer * hp.n_layer + 6
     assert hp.moe is not None and hp.moe.nodes_per_layer == 16 + 2 * hp.moe.n_expert_used

@@ -92,14 +92,16 @@ def test_real_model_n_tensors_and_max_nodes(preset: str, devices: tuple[str, ...
 
 
 def test_reserve_event_lists_both_kv_caches() -> None:
-    """gemma3 with -ngl 2: the global layer's cache on RPC, the SWA cache on the CPU, one entry each
-    (llama.cpp logs one KV buffer line per cache); the totals are the oracle's per-buffer bytes."""
+    """gemma3 with -ngl 2: the global layer's cache on RPC, the SWA cache on the CPU, each in its own
+    memory group (llama.cpp logs one KV buffer line per cache); the totals are the oracle's per-buffer bytes."""
     from toolkit.context import context_from_case
 
     c = case("rpc1-tiny_gemma3_f32-ngl2-oo1-c1024-b2048-ub512-faon")
     ev = context_from_case(c).events[-1]
     rpc = "RPC0[127.0.0.1:50052]"
-    assert ev.kv_bytes == {f"{rpc} (non-SWA)": 262144, "CPU (SWA)": 589824}
+    assert list(ev.memory) == ["model", "KV", "KV-SWA", "output", "compute"]
+    assert (ev.memory["KV"], ev.memory["KV-SWA"]) == ({rpc: 262144}, {"CPU": 589824})
+    assert ev.context_memory() == {rpc: 262144, "CPU": 589824}
     assert c["observed"]["kv_buffers_bytes"] == {rpc: 262144, "CPU": 589824}
 
 
@@ -131,4 +133,4 @@ def test_node_count_rule_at_real_sizes(preset: str, fa: str, per_layer: int, ext
 
     hp = presets.get(preset)
     ev = Context(hp, ContextParams(n_ctx=4096, n_ubatch=512, flash_attn=fa, n_gpu_layers=0)).events[-1]  # type: ignore[arg-type]
-    assert ev.n_nodes_pp == ev.n_nodes_tg == per_layer * hp.n_layer + extra
+    assert ev.graphs["pp"].n_nodes == ev.graphs["tg"].n_nodes == per_layer * hp.n_layer + extra

@@ -159,7 +159,7 @@ def test_llama_moe_context_on_a_cuda_like_gpu(n_cpu_moe: int) -> None:
     ctx = Context(hp, ContextParams(n_ctx=1024, n_ubatch=512, flash_attn="on", devices=("cuda",),
                                     n_cpu_moe=n_cpu_moe))
     ev = ctx.events[-1]
-    assert (ev.n_splits_pp, ev.n_splits_tg) == (2 + 3 * n_cpu_moe, 2 + 2 * n_cpu_moe)
+    assert (ev.graphs["pp"].n_splits, ev.graphs["tg"].n_splits) == (2 + 3 * n_cpu_moe, 2 + 2 * n_cpu_moe)
     copies = expert_copies(ctx.scheduler.plan())  # the last reserve is the pp graph
     assert [c.tensor for c in copies] == [f"blk.{il}.ffn_{n}_exps.weight" for il in range(n_cpu_moe)
                                           for n in ("gate", "up", "down")]

@@ -66,5 +66,5 @@ def test_pins_make_the_full_reserve_differ() -> None:
     assert any("nkvo" in c for c in differ) and any(c.startswith("rpc2-") for c in differ)
     for cid in differ:
         ctx = context_from_case(case(cid))
-        planned = {b.backend: b.needed_pp for b in ctx.events[-1].buffers}
+        planned = {b.backend: b.needed["pp"] for b in ctx.events[-1].buffers}
         assert planned == _pp1(cid), cid

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from toolkit.reuse import SchedParams
+from toolkit.reuse import GraphRecord, SchedParams
 from toolkit.sched import hash_size
 from toolkit.trace import trace
 from toolkit.trace.schedule import auto_max_nodes
@@ -63,14 +63,18 @@ def test_first_reserve_builds_a_scheduler_sized_like_traced_schedule() -> None:
     assert ev.decision == "rebuilt" and ev.index == 0 and ev.previous is None
     assert ev.params == SchedParams(auto_max_nodes(g.n_nodes, g.n_leafs), False, True)
     assert ev.host_metadata_bytes == ctx.scheduler.host_metadata_bytes > 0
-    assert ev.n_nodes_pp == g.n_nodes and ev.n_splits_pp == 2 and ev.plan is not None
+    # one graph, recorded once under its own label; its plan is the event's
+    assert dict(ev.graphs) == {"graph": GraphRecord(g.n_nodes, 2)} and ev.last_graph == "graph"
+    assert ev.plan is not None and ev.planned == ev.graphs["graph"]
+    assert all(list(b.needed) == ["graph"] for b in ev.buffers)
     assert [s.backend for s in ev.plan.splits] == ["SIM0", "SIM1"]
     # the same plan as the one-shot Traced.schedule() on the same backends
     sch = ctx.traced.schedule()
     assert [b.allocated for b in ev.buffers] == list(sch.buffer_sizes().values())
     assert {b.buft: b.allocated for b in ev.buffers} == ctx.compute_buffers_bytes()
-    assert ev.model_bytes == {"SIM0": sum(int(np.size(v)) * 4 for v in jax.tree_util.tree_leaves(PARAMS["fc1"])),
-                              "SIM1": sum(int(np.size(v)) * 4 for v in jax.tree_util.tree_leaves(PARAMS["fc2"]))}
+    assert list(ev.memory) == ["model", "compute"] and ev.memory["compute"] == ctx.compute_buffers_bytes()
+    assert ev.memory["model"] == {"SIM0": sum(int(np.size(v)) * 4 for v in jax.tree_util.tree_leaves(PARAMS["fc1"])),
+                                  "SIM1": sum(int(np.size(v)) * 4 for v in jax.tree_util.tree_leaves(PARAMS["fc2"]))}
 
 
 def test_run_matches_jax_jit() -> None:
@@ -198,7 +202,7 @@ def test_new_devices_rebuild_with_a_devices_reason() -> None:
     assert ev.decision == "rebuilt" and [(r.field, r.before, r.after) for r in ev.reasons][0] == \
         ("devices", "sim:2", "cpu")
     assert [b.name for b in ctx.backends] == ["CPU"] and set(ctx.traced.where().values()) == {"CPU"}
-    assert ev.n_splits_pp == 1
+    assert ev.graphs["graph"].n_splits == 1
     assert ctx.run()["max_abs_diff"] < 1e-5
     assert describe_backends(ctx.backends) == ("cpu", None)
 

@@ -33,12 +33,12 @@ def test_figures_draw_a_real_context(tiny_events: list[Any]) -> None:
     fig = figures.buffer_sizes(evs)
     bars = {t.name: t for t in fig.data if isinstance(t, go.Bar)}
     assert list(bars["compute allocated"].customdata) == [sum(b.allocated for b in ev.buffers)]
-    assert dict(zip(bars["KV cache"].x, bars["KV cache"].customdata)) == ev.kv_bytes
-    assert dict(zip(bars["weights"].x, bars["weights"].customdata)) == ev.model_bytes
+    assert dict(zip(bars["KV"].x, bars["KV"].customdata)) == ev.memory["KV"]
+    assert dict(zip(bars["model"].x, bars["model"].customdata)) == ev.memory["model"]
     plan = ev.plan
     sm = figures.split_map(plan)
     nodes = [t for t in sm.data if isinstance(t, go.Bar) and t.y[0].startswith("nodes")]
-    assert sum(sum(t.x) for t in nodes) == plan.n_nodes == ev.n_nodes_pp
+    assert sum(sum(t.x) for t in nodes) == plan.n_nodes == ev.graphs["pp"].n_nodes
     assert list(sm.layout.xaxis.ticktext)[:2] == ["L0", "L1"]       # the 1-node input group yields to L0
     ml = figures.memory_layout(plan)
     assert sum(len(t.x) for t in ml.data if isinstance(t, go.Bar)) == len(plan.allocs)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from toolkit.errors import ParameterError
 from toolkit.models.cparams import ContextParams
-from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
 
 MIB = 1 << 20
@@ -105,8 +105,10 @@ class StubContext:
         ev = ReserveEvent(len(self.events), decision, reasons, p, prev, trigger, {"total": 1.0},  # type: ignore[arg-type]
                           host_metadata_bytes=368 * mn if decision == "rebuilt" else 0,
                           saved_host_metadata_bytes=368 * mn if decision == "reused" else 0,
-                          buffers=(BufferSize("CPU", "CPU", self.alloc, need, need // 4),),
-                          kv_bytes={"CPU": self.cparams.n_ctx * 1024})
+                          buffers=(BufferSize("CPU", "CPU", self.alloc, {"pp": need, "tg": need // 4}),),
+                          graphs={"pp": GraphRecord(self.N_NODES, 1), "tg": GraphRecord(self.N_NODES, 1)},
+                          last_graph="pp",
+                          memory={"KV": {"CPU": self.cparams.n_ctx * 1024}})
         self.events.append(ev)
         return ev
 
@@ -150,15 +152,15 @@ def test_control_change_reuses_then_rebuilds() -> None:
 def test_buffer_bars_follow_the_newest_event() -> None:
     ctx, dash = make_dashboard()
     bars = {t.name: t for t in dash.figures["buffers"].data}
-    before = list(bars["KV cache"].customdata)
+    before = list(bars["KV"].customdata)
     dash.controls["n_ctx"].value = 1024
     bars = {t.name: t for t in dash.figures["buffers"].data}
-    assert list(bars["KV cache"].customdata) == [1024 * 1024] != before
+    assert list(bars["KV"].customdata) == [1024 * 1024] != before
     # reuse keeps the larger compute buffer: allocated stays, needed drops
     dash.controls["n_ctx"].value = 256
     bars = {t.name: t for t in dash.figures["buffers"].data}
     assert list(bars["compute allocated"].customdata) == [128 * 1024 * 4]
-    assert list(bars["compute needed"].customdata) == [128 * 256 * 4]
+    assert list(bars["compute needed (pp)"].customdata) == [128 * 256 * 4]
 
 
 def test_errors_show_inside_and_keep_state() -> None:

@@ -6,12 +6,14 @@ the figures draw exactly the data they were given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import plotly.graph_objects as go
 import pytest
 
-from toolkit.reuse import BufferSize, Reason, ReserveEvent, SchedParams
+from toolkit.compare import compare
+from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
 from toolkit.ui import figures, text
 from toolkit.ui.layers import group_starts, layer_labels, layer_of, node_runs
@@ -52,12 +54,16 @@ def sample_plan(n_layer: int = 4, lower_bound: int | None = 3 * MIB) -> Plan:
 
 def _event(i: int, decision: str, params: SchedParams, prev: SchedParams | None, reasons: tuple[Reason, ...],
            alloc: int, need: int, trigger: str, **kw: object) -> ReserveEvent:
-    bufs = (BufferSize("CUDA0", "CUDA0", alloc, need, need // 2), BufferSize("CPU", "CPU", 65536, 65536, 4096))
+    bufs = (BufferSize("CUDA0", "CUDA0", alloc, {"pp": need, "tg": need // 2}),
+            BufferSize("CPU", "CPU", 65536, {"pp": 65536, "tg": 4096}))
     host = 1000 * params.max_nodes if decision in ("rebuilt", "fallback") else 0
     saved = 1000 * params.max_nodes if decision == "reused" else 0
     return ReserveEvent(i, decision, reasons, params, prev, trigger, {"sched_new": 0.5, "total": 2.0 + i},  # type: ignore[arg-type]
-                        host, saved, 2 * params.max_nodes, (16,), bufs, {"CUDA0": 8 * MIB}, {"CUDA0": 20 * MIB},
-                        {"CPU": MIB}, 300, 290, 3, 2, 1, False, plan=sample_plan(), **kw)  # type: ignore[arg-type]
+                        host, saved, 2 * params.max_nodes, (16,), bufs,
+                        graphs={"pp": GraphRecord(300, 3), "tg": GraphRecord(290, 2)}, last_graph="pp",
+                        memory={"model": {"CUDA0": 20 * MIB}, "KV": {"CUDA0": 8 * MIB}, "output": {"CPU": MIB},
+                                "compute": {"CUDA0": alloc, "CPU": 65536}},
+                        n_copies=1, pipeline_parallel=False, plan=sample_plan(), **kw)  # type: ignore[arg-type]
 
 
 def sample_events() -> list[ReserveEvent]:
@@ -151,8 +157,13 @@ def test_buffer_sizes_newest_and_history() -> None:
     assert list(alloc.x) == ["CUDA0", "CPU"] and list(alloc.customdata) == [2 * MIB, 65536]
     assert list(alloc.y) == [2.0, 65536 / MIB]
     assert "2,097,152 B" in alloc.hovertext[0]
-    assert list(by_name["KV cache"].customdata) == [8 * MIB]
-    assert list(by_name["weights"].customdata) == [20 * MIB]
+    assert list(by_name["KV"].customdata) == [8 * MIB]
+    assert list(by_name["model"].customdata) == [20 * MIB]
+    assert list(by_name["output"].x) == ["CPU"] and list(by_name["output"].customdata) == [MIB]
+    # one "compute needed" trace per graph label, each that graph's own need
+    assert list(by_name["compute needed (pp)"].customdata) == [2 * MIB, 65536]
+    assert list(by_name["compute needed (tg)"].customdata) == [MIB, 4096]
+    assert "compute" not in by_name   # the compute group is the compute bars
     # held host metadata: the fallback's fresh scheduler
     assert list(by_name["sched host metadata"].customdata) == [1000 * 2048]
     hist = by_name["CUDA0 allocated"]
@@ -209,3 +220,50 @@ def test_figures_are_theme_neutral_and_serialisable() -> None:
         assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
         assert fig.layout.template.layout.paper_bgcolor is None or fig.layout.paper_bgcolor
         json.loads(fig.to_json())
+
+
+def _grouped_event(graphs: dict[str, GraphRecord], memory: dict[str, dict[str, int]]) -> ReserveEvent:
+    labels = list(graphs)
+    bufs = (BufferSize("CUDA0", "CUDA0", 4 * MIB, {g: (k + 1) * MIB for k, g in enumerate(labels)}),)
+    return ReserveEvent(0, "rebuilt", (), SchedParams(2048, False, True), None, "initial", buffers=bufs,
+                        graphs=graphs, last_graph=labels[-1], memory={**memory, "compute": {"CUDA0": 4 * MIB}},
+                        plan=sample_plan())
+
+
+def test_a_new_memory_group_shows_everywhere() -> None:
+    """A memory kind no consumer names (recurrent state, "RS") is drawn, printed, compared and summed
+    into the context's memory as the KV cache is."""
+    ev = _grouped_event({"pp": GraphRecord(300, 3), "tg": GraphRecord(290, 2)},
+                        {"model": {"CUDA0": 20 * MIB}, "KV": {"CUDA0": 8 * MIB}, "RS": {"CUDA0": 3 * MIB, "CPU": MIB},
+                         "output": {"CPU": MIB}})
+    by_name = {t.name: t for t in figures.buffer_sizes([ev]).data}
+    assert dict(zip(by_name["RS"].x, by_name["RS"].customdata)) == {"CUDA0": 3 * MIB, "CPU": MIB}
+    lines = text.buffers_text([ev]).splitlines()
+    assert [x.split() for x in lines if x.split()[0] == "RS"] == [["RS", "CUDA0", "3.00", "MiB"],
+                                                                  ["RS", "CPU", "1.00", "MiB"]]
+    assert ev.context_memory() == {"CUDA0": 11 * MIB, "CPU": MIB}   # KV + RS; not model, output, compute
+    later = dataclasses.replace(ev, index=1, memory={**ev.memory, "RS": {"CUDA0": 5 * MIB, "CPU": MIB}})
+    d = compare(ev, later)
+    assert [(m.buffer, m.change) for m in d.memory if m.group == "RS"] == [("CUDA0", 2 * MIB), ("CPU", 0)]
+    assert "RS        CUDA0 3.00 MiB -> 5.00 MiB (+2.00 MiB)" in text.diff_text(d)
+
+
+def test_one_graph_draws_one_trace_and_prints_its_label() -> None:
+    """A traced context's event: one graph label, one compute-needed trace, one entry per text form."""
+    ev = _grouped_event({"graph": GraphRecord(40, 2)}, {"model": {"CUDA0": MIB}})
+    fig = figures.buffer_sizes([ev])
+    assert [t.name for t in fig.data if t.name.startswith("compute needed")] == ["compute needed (graph)"]
+    assert "needed" in text.buffers_text([ev]) and "(graph 1,048,576 B)" in text.buffers_text([ev])
+    assert text.graphs_text(ev) == "graph 40 nodes 2 splits"
+    assert "nodes graph=40 splits graph=2" in ev.to_text()
+    assert ev.planned == GraphRecord(40, 2)
+    d = json.loads(json.dumps(ev.to_dict(), default=str))
+    assert d["graphs"] == {"graph": {"n_nodes": 40, "n_splits": 2}} and d["last_graph"] == "graph"
+    assert d["buffers"][0]["needed"] == {"graph": MIB} and list(d["memory"]) == ["model", "compute"]
+
+
+def test_two_graphs_in_the_text_forms() -> None:
+    ev = sample_events()[0]
+    assert "nodes pp/tg=300/290 splits pp/tg=3/2" in ev.to_text()
+    assert "(pp 3,145,728 B, tg 1,572,864 B)" in text.buffers_text([ev])
+    assert "graphs: pp 300 nodes 3 splits, tg 290 nodes 2 splits" in figures.timeline([ev]).data[0].hovertext[0]

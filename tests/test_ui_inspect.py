@@ -29,8 +29,8 @@ def test_op_offload_off_in_the_compare_view() -> None:
     off = dash.ctx.events[-1]
     d = dash.compare()
     assert d is not None and (d.a, d.b) == (on.index, off.index)
-    assert (d.count("splits pp").a, d.count("splits pp").b) == (on.n_splits_pp, off.n_splits_pp)
-    assert off.n_splits_pp < on.n_splits_pp
+    assert (d.count("splits pp").a, d.count("splits pp").b) == (on.graphs["pp"].n_splits, off.graphs["pp"].n_splits)
+    assert off.graphs["pp"].n_splits < on.graphs["pp"].n_splits
     # every layer-0 weight copied to a device under op offload disappears, none appears
     assert d.weights_removed and not d.weights_added
     assert all(i.from_backend == "CPU" and i.reader_cause == "op offload" for i in d.weights_removed)
@@ -38,7 +38,8 @@ def test_op_offload_off_in_the_compare_view() -> None:
     assert moved["ffn_out-0"].cause_before == "op offload" and moved["ffn_out-0"].after == "CPU"
     assert moved["ffn_out-0"].cause_after == "weight"
     html = dash.compare_html.value
-    assert f"data-splits-pp-a='{on.n_splits_pp}'" in html and f"data-weights-removed='{len(d.weights_removed)}'" in html
+    assert f"data-splits-pp-a='{on.graphs['pp'].n_splits}'" in html
+    assert f"data-weights-removed='{len(d.weights_removed)}'" in html
 
 
 def click(dash: Dashboard, figure: str, trace_name: str, point: int) -> None:

@@ -75,7 +75,7 @@ def test_figures_are_drawn_from_the_traced_events() -> None:
     marks = [len(t.x) for t in dash.figures["timeline"].data if t.mode.startswith("markers")]
     assert sum(marks) == len(dash.ctx.events) == 3
     assert dash.figures["split_map"].data and dash.figures["memory_layout"].data
-    assert f"{ev.n_nodes_pp} nodes, {ev.n_splits_pp} splits" in dash.sched_info.value
+    assert f"{ev.graphs['graph'].n_nodes} nodes, {ev.graphs['graph'].n_splits} splits" in dash.sched_info.value
     assert "auto" not in dash.sched_info.value  # typed
 
 

@@ -1,11 +1,12 @@
 """Two reserves side by side: what changed between them, and why (plain frozen data).
 
 ``compare(a, b)`` reads two :class:`~toolkit.reuse.ReserveEvent` (and their plans) and returns an
-:class:`EventDiff`: per buffer type the allocated and needed bytes with their change, graph nodes
-and splits for pp and tg, the nodes that changed backend and the split inputs that appeared or
-disappeared (each with its placement cause), the host metadata the newer reserve cost or saved,
-and its reuse decision with the reasons. ``toolkit.ui.text.diff_text`` prints it and the
-dashboard's compare view draws it.
+:class:`EventDiff`: per buffer type the allocated and needed bytes with their change, every other
+memory group's buffers (model, KV, KV-SWA, ..., output), the nodes and splits of each graph label
+both reserves planned (and which labels only one of them has), the nodes that changed backend
+and the split inputs that appeared or disappeared (each with its placement cause), the host
+metadata the newer reserve cost or saved, and its reuse decision with the reasons.
+``toolkit.ui.text.diff_text`` prints it and the dashboard's compare view draws it.
 
 >>> d = compare(ctx.events[-2], ctx.events[-1])    # doctest: +SKIP
 >>> [(c.name, c.before, c.after) for c in d.backend_changes][:1]   # doctest: +SKIP
@@ -20,13 +21,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from toolkit.reuse import COMPUTE_GROUP, ReserveEvent
 from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import NodePlacement, Plan
-
-if TYPE_CHECKING:
-    from toolkit.reuse import ReserveEvent
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class BufferDelta:
     buft: str
     allocated_a: int
     allocated_b: int
-    needed_a: int           # max of what the pp and the tg graph alone need
+    needed_a: int           # the most any one graph of the reserve needs alone
     needed_b: int
 
     @property
@@ -49,8 +47,22 @@ class BufferDelta:
 
 
 @dataclass(frozen=True)
+class MemoryDelta:
+    """One buffer of a memory group (other than compute) in both reserves (0 where a reserve lacks it)."""
+
+    group: str              # "model", "KV", "KV-SWA", "output", ...
+    buffer: str
+    a: int
+    b: int
+
+    @property
+    def change(self) -> int:
+        return self.b - self.a
+
+
+@dataclass(frozen=True)
 class CountDelta:
-    name: str               # "nodes pp", "splits tg", "n_copies", ...
+    name: str               # "nodes pp", "splits tg" (a graph label both reserves have), "n_copies"
     a: int
     b: int
 
@@ -103,6 +115,10 @@ class EventDiff:
     host_metadata_held_a: int        # host metadata of the scheduler live after a / after b
     host_metadata_held_b: int
     has_plans: bool = True           # False when either event has no plan (an error event)
+    memory: tuple[MemoryDelta, ...] = ()
+    graphs: tuple[str, ...] = ()         # graph labels both reserves planned (compared in ``counts``)
+    graphs_only_a: tuple[str, ...] = ()  # graph labels only one of them planned
+    graphs_only_b: tuple[str, ...] = ()
 
     def count(self, name: str) -> CountDelta:
         for c in self.counts:
@@ -129,8 +145,18 @@ def _buffers(ev: ReserveEvent) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for b in ev.buffers:
         a, n = out.get(b.buft, (0, 0))
-        out[b.buft] = (a + b.allocated, max(n, b.needed_pp, b.needed_tg))
+        out[b.buft] = (a + b.allocated, max(n, b.needed_max))
     return out
+
+
+def _memory(a: ReserveEvent, b: ReserveEvent) -> tuple[MemoryDelta, ...]:
+    """Each buffer of each memory group either reserve has, compute left out (the buffer deltas)."""
+    groups = [g for g in dict.fromkeys([*a.memory, *b.memory]) if g != COMPUTE_GROUP]
+    out = []
+    for g in groups:
+        ma, mb = a.memory.get(g, {}), b.memory.get(g, {})
+        out += [MemoryDelta(g, n, ma.get(n, 0), mb.get(n, 0)) for n in dict.fromkeys([*ma, *mb])]
+    return tuple(out)
 
 
 def _keyed(nodes: Sequence[NodePlacement]) -> dict[tuple[str, int], NodePlacement]:
@@ -172,9 +198,10 @@ def compare(a: ReserveEvent, b: ReserveEvent, events: Sequence[ReserveEvent] = (
     order = list(dict.fromkeys([*ba, *bb]))
     buffers = tuple(BufferDelta(k, ba.get(k, (0, 0))[0], bb.get(k, (0, 0))[0], ba.get(k, (0, 0))[1],
                                 bb.get(k, (0, 0))[1]) for k in order)
-    counts = (CountDelta("nodes pp", a.n_nodes_pp, b.n_nodes_pp), CountDelta("nodes tg", a.n_nodes_tg, b.n_nodes_tg),
-              CountDelta("splits pp", a.n_splits_pp, b.n_splits_pp),
-              CountDelta("splits tg", a.n_splits_tg, b.n_splits_tg), CountDelta("n_copies", a.n_copies, b.n_copies))
+    both = tuple(g for g in a.graphs if g in b.graphs)
+    counts = tuple(CountDelta(f"nodes {g}", a.graphs[g].n_nodes, b.graphs[g].n_nodes) for g in both) + tuple(
+        CountDelta(f"splits {g}", a.graphs[g].n_splits, b.graphs[g].n_splits) for g in both) + (
+        CountDelta("n_copies", a.n_copies, b.n_copies),)
     params = tuple((f, getattr(a.params, f), getattr(b.params, f)) for f in ("max_nodes", "parallel", "op_offload")
                    if getattr(a.params, f) != getattr(b.params, f))
     changes: list[BackendChange] = []
@@ -194,7 +221,8 @@ def compare(a: ReserveEvent, b: ReserveEvent, events: Sequence[ReserveEvent] = (
     return EventDiff(
         a.index, b.index, a.decision, b.decision, params, tuple(str(r) for r in b.reasons), b.trigger, buffers,
         counts, tuple(changes), added, removed, b.host_metadata_bytes, b.saved_host_metadata_bytes,
-        held_host_metadata(log, a.index), held_host_metadata(log, b.index), has_plans)
+        held_host_metadata(log, a.index), held_host_metadata(log, b.index), has_plans, _memory(a, b), both,
+        tuple(g for g in a.graphs if g not in b.graphs), tuple(g for g in b.graphs if g not in a.graphs))
 
 
 def default_pair(events: Sequence[ReserveEvent]) -> tuple[int, int] | None:
@@ -205,4 +233,5 @@ def default_pair(events: Sequence[ReserveEvent]) -> tuple[int, int] | None:
     return ok[-2], ok[-1]
 
 
-__all__ = ["BackendChange", "BufferDelta", "CountDelta", "EventDiff", "InputChange", "compare", "default_pair"]
+__all__ = ["BackendChange", "BufferDelta", "CountDelta", "EventDiff", "InputChange", "MemoryDelta", "compare",
+           "default_pair"]

@@ -10,8 +10,10 @@ when its params can serve the new ones (``sched_params::can_reuse``), which ever
 >>> from toolkit.models import presets, ContextParams
 >>> ctx = Context(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=512, flash_attn="on", n_gpu_layers=0))
 >>> ev = ctx.events[-1]
->>> ev.decision, ev.n_nodes_pp, ev.n_splits_pp, ctx.compute_buffers_bytes()
-('rebuilt', 68, 1, {'CPU': 33233920})
+>>> ev.decision, ev.graphs["pp"], ctx.compute_buffers_bytes()
+('rebuilt', GraphRecord(n_nodes=68, n_splits=1), {'CPU': 33233920})
+>>> list(ev.memory)
+['model', 'KV', 'output', 'compute']
 >>> ctx.update(op_offload=False).decision, ctx.update(max_nodes=512).decision
 ('rebuilt', 'reused')
 """
@@ -32,10 +34,19 @@ from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.cases import summary
 from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
-from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
+from toolkit.reuse import (
+    MODEL_GROUP,
+    OUTPUT_GROUP,
+    CompileEvent,
+    ContextView,
+    Reason,
+    ReserveEvent,
+    SchedParams,
+    SchedulerHolder,
+)
 from toolkit.sched import Scheduler
 
-__all__ = ["Context", "LlamaContextView", "context_from_case", "plan_case"]
+__all__ = ["Context", "LlamaContextView", "context_from_case", "memory_groups", "plan_case"]
 
 _SCHED_FIELDS = ("max_nodes", "parallel")
 _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
@@ -267,27 +278,22 @@ class Context:
             lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp)
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
-        n_splits_pp, n_nodes_pp = self.scheduler.n_splits, lg.graph.n_nodes
+        h.graph_reserved(r, "pp", lg.graph.n_nodes)
         lg_tg = self.graph_reserve(n_seqs, n_seqs, n_seqs, split_only=self.no_alloc)
         if lg_tg is None:
             raise AllocationError(f"failed to allocate compute tg buffers: {h.alloc_failure()}")
-        n_splits_tg, n_nodes_tg = self.scheduler.n_splits, lg_tg.graph.n_nodes
         # under no_alloc the tg graph is split only: llama.cpp sizes no tg plan
-        needed_tg = [0] * self.scheduler.n_backends if self.no_alloc else self.scheduler.graph_needed_sizes()
+        h.graph_reserved(r, "tg", lg_tg.graph.n_nodes, sized=not self.no_alloc)
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, sizes=self.no_alloc)
         if lg is None:
             raise AllocationError(f"failed to allocate compute pp buffers: {h.alloc_failure()}")
+        h.graph_reserved(r, "pp", lg.graph.n_nodes)
         if not self.no_alloc:   # under no_alloc nothing is allocated on the host
             self._check_host_buffers()
         t_end = time.perf_counter()
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
-        return h.record(
-            r, trigger, needed_tg, timings,
-            kv_bytes=self.setup.kv_buffers_by_cache(),
-            model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
-            n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
-            pipeline_parallel=self.pipeline_parallel)
+        return h.record(r, trigger, timings, memory_groups(self.setup), pipeline_parallel=self.pipeline_parallel)
 
     def _check_host_buffers(self) -> None:
         """Refuse a plan whose host buffers (KV cache, outputs, compute, weights not mapped from the
@@ -297,9 +303,9 @@ class Context:
         host |= {be.buft.name for be in self.backends if be.buft.is_host}
         host |= {be.host_buft.name for be in self.backends if be.host_buft is not None}
         compute = sum(s.buffer_size(i) for i in range(s.n_backends) if s.bufts[i].is_host)
-        other = [self.kv_buffers_bytes, self.output_buffer_bytes,
-                 {k: v for k, v in self.model_buffers_bytes.items() if not k.endswith("_Mapped")}]
-        total = compute + sum(b for d in other for name, b in d.items() if name in host)
+        # every memory group (weights not mapped from the file, the context's memory, outputs)
+        total = compute + sum(b for group, d in memory_groups(self.setup).items() for name, b in d.items()
+                              if name in host and not (group == MODEL_GROUP and name.endswith("_Mapped")))
         rp = self.setup.resolved
         check_host_bytes(f"host buffers for n_ctx={rp.n_ctx}, n_ubatch={rp.n_ubatch}, n_seq_max={rp.n_seq_max} "
                          f"(KV cache, outputs, compute buffers)", total, limit=self.host_memory)
@@ -415,6 +421,15 @@ class Context:
         p = self.sched_params_cur
         return (f"Context({self.hparams.name}, backends=[{', '.join(b.name for b in self.backends)}], "
                 f"sched={p}, events={len(self.events)})")
+
+
+def memory_groups(st: LlamaSetup) -> dict[str, dict[str, int]]:
+    """A context's memory by group, as its reserve events record it (buffer name -> bytes per group):
+    the weights (``model``), the memory ``llama_model::create_memory`` made, one group per cache
+    (``KV``; ``llama_kv_cache_iswa``: ``KV`` for the non-SWA cache and ``KV-SWA``), and the output
+    buffer (``output``). The scheduler adds its compute buffers (``compute``)."""
+    kv = {("KV-SWA" if c.kind == "SWA" else "KV"): dict(c.buffers_bytes) for c in st.kv_caches}
+    return {MODEL_GROUP: dict(st.model.buffers_bytes), **kv, OUTPUT_GROUP: dict(st.output_bytes)}
 
 
 def reserve_shape(n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Memory per device the way llama.cpp reports it: ``llama_get_memory_breakdown`` and its table.
 
-:func:`breakdown` sorts a context's buffers into model / context (KV) / compute bytes per buffer
+:func:`breakdown` sorts a context's buffers into model / context (its memory: KV) / compute bytes per buffer
 type (``llama_context::memory_breakdown``) and groups them into one row per model device plus a
 ``Host`` row (``common_get_device_memory_data_impl``: host buffer types are summed into the last
 slot). :func:`breakdown_table` prints ``common_memory_breakdown_print``'s table, text for text.
@@ -176,17 +176,19 @@ def _expanded(specs: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def context_breakdown(ctx: Any, *, exact: bool = False) -> tuple[Breakdown, tuple[tuple[str, int], ...]]:
-    """A context's ``llama_get_memory_breakdown`` rows: compute from the first pp reserve
-    (``backend_buf_exp_size`` under ``no_alloc``) or, with ``exact``, the allocated buffers."""
+    """A context's ``llama_get_memory_breakdown`` rows from its newest reserve event: the context
+    column sums the event's memory groups (``llama_memory_i::memory_breakdown``: KV, KV-SWA, ...),
+    compute is what the graph reserved last (pp) needs alone (``backend_buf_exp_size`` under
+    ``no_alloc``) or, with ``exact``, the allocated buffers."""
     devs = ctx.setup.devices
     ev = ctx.events[-1]
     compute: dict[str, int] = {}
     for b in ev.buffers:
-        compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed_pp)
+        compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed[ev.last_graph])
     host = {devs.cpu_buft.name, devs.cpu.buft.name, "CPU_Mapped"}
     host |= {g.host_buft.name for g in devs.gpus if g.host_buft is not None}
     host |= {a.buft.name for a in devs.accels if a.buft.is_host}
-    bd = breakdown(ctx.model_buffers_bytes, ctx.kv_buffers_bytes, compute, [g.buft.name for g in devs.gpus],
+    bd = breakdown(ctx.model_buffers_bytes, ev.context_memory(), compute, [g.buft.name for g in devs.gpus],
                    sorted(host))
     return bd, tuple(compute.items())
 

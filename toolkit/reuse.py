@@ -72,20 +72,47 @@ class Reason:
         return f"{self.field} {b} \u2192 {a}"
 
 
+# the memory groups every llama context has; any other group is memory of the context
+# (``llama_memory_i``: "KV", iSWA's "KV" and "KV-SWA", later "RS" for recurrent state)
+MODEL_GROUP = "model"        # the weights (``llama_model::memory_breakdown``)
+OUTPUT_GROUP = "output"      # the logits/embeddings output buffer
+COMPUTE_GROUP = "compute"    # the scheduler's compute buffers (``ggml_backend_sched_get_buffer_size``)
+NOT_CONTEXT_GROUPS = (MODEL_GROUP, OUTPUT_GROUP, COMPUTE_GROUP)
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One graph a reserve planned (``llama_context::graph_reserve``): its nodes and splits."""
+
+    n_nodes: int
+    n_splits: int
+
+
 @dataclass(frozen=True)
 class BufferSize:
     """One scheduler backend's compute buffer after a reserve."""
 
     backend: str
     buft: str
-    allocated: int       # what the scheduler holds (buffers only grow)
-    needed_pp: int       # what the pp graph alone needs
-    needed_tg: int       # what the tg graph alone needs
+    allocated: int                 # what the scheduler holds (buffers only grow)
+    needed: Mapping[str, int] = field(default_factory=dict)   # graph label -> what that graph alone needs
+
+    @property
+    def needed_max(self) -> int:
+        """The most any one graph of the reserve needs alone (0 without graphs)."""
+        return max(self.needed.values(), default=0)
 
 
 @dataclass(frozen=True)
 class ReserveEvent:
-    """One ``sched_reserve``: the decision, its reasons, timings, buffer sizes and the final plan."""
+    """One ``sched_reserve``: the decision, its reasons, timings, the graphs it planned by label,
+    the memory by group, buffer sizes and the final plan.
+
+    ``graphs`` holds the graphs by label in the order first reserved (a llama context: ``pp`` and
+    ``tg``; a traced context its one ``graph``); ``last_graph`` names the one reserved last, whose
+    plan ``plan`` is. ``memory`` maps a group label to its buffers (buffer name -> bytes), in the
+    order ``model``, the context's memory (``KV``, ``KV-SWA``, ...), ``output``, ``compute``.
+    """
 
     index: int
     decision: Decision
@@ -99,18 +126,14 @@ class ReserveEvent:
     hash_size: int = 0
     split_capacities: tuple[int, ...] = ()
     buffers: tuple[BufferSize, ...] = ()
-    kv_bytes: dict[str, int] = field(default_factory=dict)
-    model_bytes: dict[str, int] = field(default_factory=dict)
-    output_bytes: dict[str, int] = field(default_factory=dict)
-    n_nodes_pp: int = 0
-    n_nodes_tg: int = 0
-    n_splits_pp: int = 0
-    n_splits_tg: int = 0
+    graphs: Mapping[str, GraphRecord] = field(default_factory=dict)
+    last_graph: str = ""
+    memory: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     n_copies: int = 1
     pipeline_parallel: bool = False
     warnings: tuple[str, ...] = ()
     error: str | None = None
-    plan: Plan | None = None                       # the final (pp) plan, for split map and layout
+    plan: Plan | None = None                       # the plan of ``last_graph``, for split map and layout
     # what a reused scheduler carried over: buffer sizes held before this reserve (by buft), its hash
     # capacity, and the split input capacities that had grown past GGML_SCHED_MAX_SPLIT_INPUTS
     kept_buffers: dict[str, int] = field(default_factory=dict)
@@ -118,16 +141,33 @@ class ReserveEvent:
     kept_split_capacities: tuple[int, ...] = ()
     n_backends: int = 0
 
+    @property
+    def planned(self) -> GraphRecord | None:
+        """The graph reserved last (the one ``plan`` is of), or None for an error event."""
+        return self.graphs.get(self.last_graph)
+
+    def context_memory(self) -> dict[str, int]:
+        """The context's memory per buffer name, summed over its groups (every group but model,
+        output and compute): ``llama_context::memory_breakdown``'s context column."""
+        out: dict[str, int] = {}
+        for group, bufs in self.memory.items():
+            if group not in NOT_CONTEXT_GROUPS:
+                for name, n in bufs.items():
+                    out[name] = out.get(name, 0) + n
+        return out
+
     def to_text(self) -> str:
         why = "; ".join(str(r) for r in self.reasons) or "-"
         bufs = ", ".join(f"{b.buft}={b.allocated}" for b in self.buffers)
         head = f"#{self.index} {self.decision:8s} [{self.trigger}] {why}"
         if self.error:
             return f"{head}\n    error: {self.error}"
+        labels = "/".join(self.graphs)
+        nodes = "/".join(str(g.n_nodes) for g in self.graphs.values())
+        splits = "/".join(str(g.n_splits) for g in self.graphs.values())
         return (f"{head}\n    max_nodes={self.params.max_nodes} parallel={self.params.parallel} "
                 f"op_offload={self.params.op_offload} hash={self.hash_size} n_copies={self.n_copies}"
-                f"\n    nodes pp/tg={self.n_nodes_pp}/{self.n_nodes_tg} splits pp/tg={self.n_splits_pp}/"
-                f"{self.n_splits_tg} buffers: {bufs}"
+                f"\n    nodes {labels}={nodes} splits {labels}={splits} buffers: {bufs}"
                 f"\n    host metadata {self.host_metadata_bytes} B, saved {self.saved_host_metadata_bytes} B, "
                 f"planning {self.timings_ms.get('reserve', 0.0):.2f} ms")
 
@@ -139,9 +179,10 @@ class ReserveEvent:
             "timings_ms": self.timings_ms, "host_metadata_bytes": self.host_metadata_bytes,
             "saved_host_metadata_bytes": self.saved_host_metadata_bytes, "hash_size": self.hash_size,
             "split_capacities": list(self.split_capacities),
-            "buffers": [vars(b) for b in self.buffers], "kv_bytes": self.kv_bytes, "model_bytes": self.model_bytes,
-            "output_bytes": self.output_bytes, "n_nodes_pp": self.n_nodes_pp, "n_nodes_tg": self.n_nodes_tg,
-            "n_splits_pp": self.n_splits_pp, "n_splits_tg": self.n_splits_tg, "n_copies": self.n_copies,
+            "buffers": [{"backend": b.backend, "buft": b.buft, "allocated": b.allocated, "needed": dict(b.needed)}
+                        for b in self.buffers],
+            "graphs": {k: vars(g) for k, g in self.graphs.items()}, "last_graph": self.last_graph,
+            "memory": {k: dict(v) for k, v in self.memory.items()}, "n_copies": self.n_copies,
             "pipeline_parallel": self.pipeline_parallel, "warnings": list(self.warnings), "error": self.error,
             "kept_buffers": self.kept_buffers, "kept_hash_size": self.kept_hash_size,
             "kept_split_capacities": list(self.kept_split_capacities),
@@ -275,6 +316,9 @@ class ReserveInProgress:
     kept_hash: int
     kept_caps: tuple[int, ...]
     warnings: list[str] = field(default_factory=list)
+    # the graphs planned so far by label, each with what every backend needs for it alone
+    graphs: dict[str, tuple[GraphRecord, tuple[int, ...]]] = field(default_factory=dict)
+    last_graph: str = ""
 
 
 class SchedulerHolder:
@@ -373,13 +417,25 @@ class SchedulerHolder:
         self.sched_new(self.params_req)
         r.host_bytes += self.sched.host_metadata_bytes
 
-    def record(self, r: ReserveInProgress, trigger: str, needed_tg: Sequence[int], timings_ms: dict[str, float],
-               **fields: Any) -> ReserveEvent:
-        """Append the ReserveEvent of a finished reserve (the scheduler holds the final plan)."""
+    def graph_reserved(self, r: ReserveInProgress, label: str, n_nodes: int, *, sized: bool = True) -> None:
+        """Note the graph the scheduler just planned as graph ``label`` of reserve ``r``: its nodes, its
+        splits and what each backend needs for it alone (nothing when it was only split, ``sized=False``).
+        A graph reserved again under the same label (llama's pp → tg → pp) replaces it in its place."""
+        s = self.sched
+        needed = tuple(s.graph_needed_sizes()) if sized else (0,) * s.n_backends
+        r.graphs[label] = (GraphRecord(n_nodes, s.n_splits), needed)
+        r.last_graph = label
+
+    def record(self, r: ReserveInProgress, trigger: str, timings_ms: dict[str, float],
+               memory: Mapping[str, Mapping[str, int]], **fields: Any) -> ReserveEvent:
+        """Append the ReserveEvent of a finished reserve (the scheduler holds the plan of ``r.last_graph``).
+
+        ``memory``: the owner's memory groups (``model``, the context's memory, ``output``); the
+        scheduler's compute buffers are added as group ``compute``."""
         s = self.sched
         assert self.params_req is not None
-        needed = s.graph_needed_sizes()
-        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i), needed[i], needed_tg[i])
+        buffers = tuple(BufferSize(be.name, s.bufts[i].name, s.buffer_size(i),
+                                   {label: needed[i] for label, (_, needed) in r.graphs.items()})
                         for i, be in enumerate(s.backends))
         self.warnings += r.warnings
         saved = host_metadata_bytes(self.params_req.max_nodes, s.n_backends, s.n_copies) if r.reused else 0
@@ -387,7 +443,9 @@ class SchedulerHolder:
             index=len(self.events), decision=r.decision, reasons=tuple(r.reasons), params=self.params_req,
             previous=r.prev, trigger=trigger, timings_ms=timings_ms, host_metadata_bytes=r.host_bytes,
             saved_host_metadata_bytes=saved, hash_size=s.hash_size, split_capacities=s.split_capacities,
-            buffers=buffers, n_copies=s.n_copies, warnings=tuple(r.warnings), plan=s.plan(),
+            buffers=buffers, graphs={label: g for label, (g, _) in r.graphs.items()}, last_graph=r.last_graph,
+            memory={**{k: dict(v) for k, v in memory.items()}, COMPUTE_GROUP: self.compute_buffers_bytes()},
+            n_copies=s.n_copies, warnings=tuple(r.warnings), plan=s.plan(),
             kept_buffers=r.kept if r.reused else {}, kept_hash_size=r.kept_hash if r.reused else 0,
             kept_split_capacities=tuple(c for c in r.kept_caps if c > 30) if r.reused else (),
             n_backends=s.n_backends, **fields,
@@ -444,5 +502,6 @@ class SchedulerHolder:
             raise
 
 
-__all__ = ["BufferSize", "CompileEvent", "ContextView", "Decision", "Reason", "Reservable", "ReserveEvent",
-           "ReserveInProgress", "SchedParams", "SchedulerHolder", "reasons_for"]
+__all__ = ["COMPUTE_GROUP", "MODEL_GROUP", "NOT_CONTEXT_GROUPS", "OUTPUT_GROUP", "BufferSize", "CompileEvent",
+           "ContextView", "Decision", "GraphRecord", "Reason", "Reservable", "ReserveEvent", "ReserveInProgress",
+           "SchedParams", "SchedulerHolder", "reasons_for"]

@@ -59,7 +59,7 @@ def buffer_bars(page: Any, event: int) -> dict[str, list[float]]:
 
 def wait_bars(page: Any, event: int) -> dict[str, list[float]]:
     deadline = time.monotonic() + UPDATE_TIMEOUT_S
-    while not (bars := buffer_bars(page, event)).get("KV cache"):
+    while not (bars := buffer_bars(page, event)).get("KV"):
         if time.monotonic() > deadline:
             raise AssertionError(f"buffer figure does not show event {event}")
         page.wait_for_timeout(100)
@@ -113,7 +113,7 @@ def drive_dashboard(run: NotebookRun, artifacts_dir: Path, label: str) -> list[s
     st = wait_new_event(page, st["index"])
     assert st["decision"] == expected_decision(st["requested"], held) == "reused", st
     after = wait_bars(page, st["index"])
-    assert after["KV cache"] != before["KV cache"], (before, after)
+    assert after["KV"] != before["KV"], (before, after)
     seen.append(st["decision"])
 
     # a tall viewport so the whole dashboard (all figures) fits in the notebook panel for the picture

@@ -138,7 +138,7 @@ class _Fit:
         cp = self.args.context_params(n_ctx=n_ctx, n_gpu_layers=DEFAULT_N_GPU_LAYERS if ngl < 0 else ngl,
                                       tensor_split=tsv, override_tensor=override_items(self.args, otv))
         p = probe(self.hp, cp, self.memory, exact=self.exact)
-        p = Probe(ProbeParams(n_ctx, ngl, tsv, otv), p.breakdown, p.compute_bytes, p.kv_bytes, p.n_copies, p.table)
+        p = Probe(ProbeParams(n_ctx, ngl, tsv, otv), p.breakdown, p.compute_bytes, p.context_bytes, p.n_copies, p.table)
         self.probes.append(p)
         self.log += ["common_memory_breakdown_print: " + line for line in p.table]
         return p

@@ -35,7 +35,7 @@ class Probe:
     params: ProbeParams
     breakdown: Breakdown
     compute_bytes: tuple[tuple[str, int], ...]     # per backend buft (pp reserve only unless exact)
-    kv_bytes: tuple[tuple[str, int], ...]
+    context_bytes: tuple[tuple[str, int], ...]     # the context's memory (KV, ...) per buffer
     n_copies: int
     table: tuple[str, ...]                         # common_memory_breakdown_print lines
 
@@ -51,7 +51,7 @@ class Probe:
             "host": {"model": self.breakdown.host.model, "context": self.breakdown.host.context,
                      "compute": self.breakdown.host.compute},
             "compute_buffer": [{"buft": b, "bytes": n} for b, n in self.compute_bytes],
-            "kv": [{"buft": b, "bytes": n} for b, n in self.kv_bytes], "n_copies": self.n_copies,
+            "context": [{"buft": b, "bytes": n} for b, n in self.context_bytes], "n_copies": self.n_copies,
         }
 
 
@@ -112,7 +112,7 @@ def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *
         ctx = Context(hp, pcp, no_alloc=True)
     bd, comp = context_breakdown(ctx, exact=exact)
     params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
-    return Probe(params, bd, comp, tuple(ctx.kv_buffers_bytes.items()), ctx.n_copies,
+    return Probe(params, bd, comp, tuple(ctx.events[-1].context_memory().items()), ctx.n_copies,
                  tuple(breakdown_table(bd, memory)))
 
 

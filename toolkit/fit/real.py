@@ -58,7 +58,7 @@ class RealRun:
     devices: tuple[DeviceCheck, ...]
     host: MemoryRow
     compute_bytes: tuple[tuple[str, int], ...]
-    kv_bytes: tuple[tuple[str, int], ...]
+    context_bytes: tuple[tuple[str, int], ...]   # the context's memory (KV, ...) per buffer
     model_bytes: tuple[tuple[str, int], ...]
     n_copies: int
     pipeline_parallel: bool
@@ -67,7 +67,7 @@ class RealRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {"devices": [d.to_dict() for d in self.devices], "host": vars(self.host),
-                "compute_buffers_bytes": dict(self.compute_bytes), "kv_buffers_bytes": dict(self.kv_bytes),
+                "compute_buffers_bytes": dict(self.compute_bytes), "context_buffers_bytes": dict(self.context_bytes),
                 "model_buffers_bytes": dict(self.model_bytes), "n_copies": self.n_copies,
                 "pipeline_parallel": self.pipeline_parallel, "fallback": self.fallback, "error": self.error}
 
@@ -106,7 +106,7 @@ def real_run(model: LlamaHParams, args: LlamaArgs, result: FitResult, *, in_proc
     est = probe(model, cp, mem).breakdown
     checks = tuple(DeviceCheck(m.name, m.free, t, e, r)
                    for m, t, e, r in zip(mem, result.targets, est.devices, real.devices))
-    return RealRun(cp, checks, real.host, comp, tuple(ctx.kv_buffers_bytes.items()),
+    return RealRun(cp, checks, real.host, comp, tuple(ctx.events[-1].context_memory().items()),
                    tuple(ctx.model_buffers_bytes.items()), ctx.n_copies, ctx.pipeline_parallel,
                    fallback=limited is not None and limited is not unlimited
                    and limited.n_copies != unlimited.n_copies, error=error)

@@ -25,9 +25,10 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
 def summary(ctx: Any) -> dict[str, Any]:
     """A context's numbers under the oracle's names (the last reserve event's)."""
     ev = ctx.events[-1]
+    pp, tg = ev.graphs["pp"], ev.graphs["tg"]
     return {
-        "graph_nodes": ev.n_nodes_pp, "graph_nodes_tg": ev.n_nodes_tg,
-        "graph_splits": ev.n_splits_pp, "graph_splits_tg": ev.n_splits_tg,
+        "graph_nodes": pp.n_nodes, "graph_nodes_tg": tg.n_nodes,
+        "graph_splits": pp.n_splits, "graph_splits_tg": tg.n_splits,
         "compute_buffers_bytes": ctx.compute_buffers_bytes(),
         "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
         "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,

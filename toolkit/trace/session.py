@@ -6,8 +6,9 @@
 ``sched_reserve`` / ``update`` appends the same :class:`~toolkit.context.ReserveEvent` a llama
 context records, so the dashboard's badge, timeline, buffer and split figures read it unchanged.
 
-A traced function has one graph (no prompt/generation pair), so an event's pp and tg fields
-carry the same numbers. ``max_nodes`` plays the role it has in llama.cpp: it sizes the graph
+A traced function has one graph (no prompt/generation pair): an event records it once, under the
+label ``graph``, and its memory groups are the weights (``model``) and ``compute``.
+``max_nodes`` plays the role it has in llama.cpp: it sizes the graph
 (``ggml_new_graph_custom(ctx, max_nodes)``, so it must exceed the node and leaf counts) and the
 scheduler's hash set (``ggml_hash_size(max_nodes)``); ``None`` picks ``max(1024, 2 × (n_nodes + n_leafs))``, the size
 :meth:`Traced.schedule` uses.
@@ -33,7 +34,7 @@ from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.errors import AllocationError, ParameterError
 from toolkit.models.devices import make_devices, parse_picker
-from toolkit.reuse import CompileEvent, Reason, ReserveEvent, SchedParams, SchedulerHolder
+from toolkit.reuse import MODEL_GROUP, CompileEvent, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler, hash_size
 from toolkit.trace.schedule import Schedule, auto_max_nodes
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 # what update() accepts (the dashboard's controls that make sense for a traced graph)
 UPDATE_FIELDS = ("max_nodes", "parallel", "op_offload", "devices", "budget_mib", "placement")
 AUTO_MAX_NODES_TEXT = "max(1024, 2·(nodes+leafs))"
+GRAPH_LABEL = "graph"   # the label of the traced graph in a ReserveEvent's graphs (its only one)
 
 
 def min_max_nodes(n_nodes: int, n_leafs: int) -> int:
@@ -231,14 +233,10 @@ class TracedContext:
         if not ok:
             raise AllocationError(f"failed to allocate compute buffers: {h.alloc_failure()}")
         t_end = time.perf_counter()
-        s = self.scheduler
-        # one graph: the pp and tg fields carry the same numbers
+        h.graph_reserved(r, GRAPH_LABEL, tg.graph.n_nodes)
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "reserve": (t_end - r.t_new) * 1e3,
                    "total": (t_end - r.t0) * 1e3}
-        return h.record(
-            r, trigger, s.graph_needed_sizes(), timings, model_bytes=self.weight_bytes(),
-            n_nodes_pp=tg.graph.n_nodes, n_nodes_tg=tg.graph.n_nodes, n_splits_pp=s.n_splits, n_splits_tg=s.n_splits,
-            pipeline_parallel=self.parallel)
+        return h.record(r, trigger, timings, {MODEL_GROUP: self.weight_bytes()}, pipeline_parallel=self.parallel)
 
     # ---- changes -------------------------------------------------------------------------------
     def update(self, **changes: Any) -> ReserveEvent:
@@ -392,5 +390,5 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-__all__ = ["AUTO_MAX_NODES_TEXT", "TracedContext", "auto_max_nodes", "backends_from_specs", "describe_backends",
-           "min_max_nodes"]
+__all__ = ["AUTO_MAX_NODES_TEXT", "GRAPH_LABEL", "TracedContext", "auto_max_nodes", "backends_from_specs",
+           "describe_backends", "min_max_nodes"]

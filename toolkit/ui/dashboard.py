@@ -405,13 +405,14 @@ class Dashboard:
         self.errors.value = (f"<pre class='toolkit-error-text' style='color:#D55E00;white-space:pre-wrap'>"
                              f"{html.escape(self.error)}</pre>" if self.error else "")
         if ev is not None and self.error is None:
+            g = ev.planned   # the graph reserved last, whose plan the figures draw
             auto = self.ctx.auto_max_nodes_text
             how = f"auto: {auto}" if self.controls["max_nodes"].value == "auto" else "typed"
             self.sched_info.value = (f"<span class='toolkit-max-nodes' data-event='{ev.index}' "
                                      f"data-value='{ev.params.max_nodes}' data-held='{held}'>"
                                      f"max_nodes {ev.params.max_nodes} ({how}) · scheduler "
-                                     f"holds {held} · n_copies {ev.n_copies} · {ev.n_nodes_pp} nodes, "
-                                     f"{ev.n_splits_pp} splits</span>")
+                                     f"holds {held} · n_copies {ev.n_copies} · {g.n_nodes if g else 0} nodes, "
+                                     f"{g.n_splits if g else 0} splits</span>")
             self._sync_flags(ev.params.parallel, ev.params.op_offload)
         self._draw()
         # the badge last: the front end applies updates in order, so a page showing the badge of an

@@ -10,13 +10,13 @@ each view is in ``toolkit.ui.text``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 
 from toolkit.fit import FitResult
-from toolkit.reuse import CompileEvent, ReserveEvent
+from toolkit.reuse import COMPUTE_GROUP, CompileEvent, ReserveEvent
 from toolkit.sched.explain import parse_copy_name
 from toolkit.sched.plan import Plan
 from toolkit.ui import text
@@ -24,17 +24,20 @@ from toolkit.ui.layers import Collapse, group_starts, node_runs
 from toolkit.ui.style import (
     DECISION_COLOUR,
     DECISION_SYMBOL,
-    KIND_COLOUR,
     MIB,
     NEUTRAL_GRID,
     NEUTRAL_TEXT,
     backend_colour,
     base_layout,
+    kind_colour,
     mib,
     nbytes_exact,
     neutral_axis,
     size_label,
 )
+
+# the fill of each graph's "compute needed" bars, in the reserve's graph order (pp plain, tg hatched)
+GRAPH_PATTERNS = ("", "/", "x", ".", "+")
 
 
 def _two_columns(titles: tuple[str, str]) -> dict[str, Any]:
@@ -84,7 +87,7 @@ def _event_hover(ev: ReserveEvent, compiles: Sequence[CompileEvent] = ()) -> str
             f"params: {text.params_text(ev.params)}", f"was: {text.params_text(ev.previous)}",
             f"why: {text.reasons_text(ev) or '-'}", f"timings: {text.timings_text(ev)}",
             f"host metadata: +{size_label(ev.host_metadata_bytes)}, saved {size_label(ev.saved_host_metadata_bytes)}",
-            f"nodes pp/tg: {ev.n_nodes_pp}/{ev.n_nodes_tg}, splits pp/tg: {ev.n_splits_pp}/{ev.n_splits_tg}"]
+            f"graphs: {text.graphs_text(ev) or '-'}"]
     for c in compiles:
         if c.reserve_index == ev.index:
             rows.append(f"XLA compile: {c.compiled} compiled, {c.cache_hits} cache hits, {c.compile_ms} ms")
@@ -121,16 +124,16 @@ def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = 
 
 
 def _buft_order(ev: ReserveEvent) -> list[str]:
-    order: list[str] = []
-    for name in [b.buft for b in ev.buffers] + list(ev.kv_bytes) + list(ev.model_bytes) + list(ev.output_bytes):
-        if name not in order:
-            order.append(name)
-    return order
+    """The compute buffers' types first, then the other groups' buffers in group order."""
+    names = [b.buft for b in ev.buffers]
+    names += [n for group, bufs in ev.memory.items() if group != COMPUTE_GROUP for n in bufs]
+    return list(dict.fromkeys(names))
 
 
 def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
-    """Left: the newest reserve's buffers per buffer type (compute allocated vs needed, KV, weights,
-    output, scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
+    """Left: the newest reserve's buffers per buffer type (compute allocated, needed by each graph
+    the reserve planned, one trace per graph label, then one trace per memory group: model, KV,
+    KV-SWA, ..., output; and the scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
     buffer type across events -- under reuse the allocated line stays at its maximum (a kept
     scheduler's buffers only grow, llama.cpp #32009)."""
     # built as plain dicts and validated once: make_subplots and update_* calls each re-validate the
@@ -148,31 +151,34 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
     for b in ev.buffers:
         by_buft[b.buft].append(b)
 
-    def bars(kind: str, values: dict[str, int], hover_extra: dict[str, str] | None = None) -> None:
+    def bars(name: str, values: Mapping[str, int], hover_extra: dict[str, str] | None = None, *,
+             kind: str | None = None, pattern: str = "") -> None:
         xs = list(values)
         ys = [values[x] for x in xs]
-        hover = [f"{kind} · {x}<br>{size_label(y)}" + (f"<br>{hover_extra[x]}" if hover_extra and x in hover_extra
+        hover = [f"{name} · {x}<br>{size_label(y)}" + (f"<br>{hover_extra[x]}" if hover_extra and x in hover_extra
                                                         else "") for x, y in zip(xs, ys)]
-        traces.append({"type": "bar", "x": xs, "y": [y / MIB for y in ys], "name": kind,
-                       "marker": {"color": KIND_COLOUR[kind]}, "hovertext": hover, "hoverinfo": "text",
-                       "customdata": ys, "legendgroup": kind, "xaxis": "x", "yaxis": "y"})
+        traces.append({"type": "bar", "x": xs, "y": [y / MIB for y in ys], "name": name,
+                       "marker": {"color": kind_colour(kind or name), "pattern": {"shape": pattern}},
+                       "hovertext": hover, "hoverinfo": "text", "customdata": ys, "legendgroup": name,
+                       "xaxis": "x", "yaxis": "y"})
 
     alloc = {c: sum(b.allocated for b in bs) for c, bs in by_buft.items() if bs}
-    need = {c: max((max(b.needed_pp, b.needed_tg) for b in bs), default=0) for c, bs in by_buft.items() if bs}
-    extra = {c: "<br>".join(f"{b.backend}: pp {nbytes_exact(b.needed_pp)}, tg {nbytes_exact(b.needed_tg)}"
+    extra = {c: "<br>".join(f"{b.backend}: " + ", ".join(f"{g} {nbytes_exact(n)}" for g, n in b.needed.items())
                             for b in bs) for c, bs in by_buft.items() if bs}
-    # llama.cpp reports KV and weights per buft name; keep the compute buffers' order first
-    def ordered(d: dict[str, int]) -> dict[str, int]:
+
+    # llama.cpp reports each memory per buft name; keep the compute buffers' order first
+    def ordered(d: Mapping[str, int]) -> dict[str, int]:
         return {c: d[c] for c in cats if c in d}
 
     bars("compute allocated", alloc, extra)
-    bars("compute needed", need, extra)
-    if ev.kv_bytes:
-        bars("KV cache", ordered(ev.kv_bytes))
-    if ev.model_bytes:
-        bars("weights", ordered(ev.model_bytes))
-    if ev.output_bytes:
-        bars("output", ordered(ev.output_bytes))
+    # one trace per graph the reserve planned; the pattern tells the graphs apart without colour
+    for k, label in enumerate(ev.graphs):
+        need = {c: max(b.needed.get(label, 0) for b in bs) for c, bs in by_buft.items() if bs}
+        bars(f"compute needed ({label})", need, extra, kind="compute needed",
+             pattern=GRAPH_PATTERNS[k % len(GRAPH_PATTERNS)])
+    for group, bufs in ev.memory.items():
+        if group != COMPUTE_GROUP and bufs:   # compute: the bars above
+            bars(group, ordered(bufs))
     upto = list(events[: list(events).index(ev) + 1])
     bars("sched host metadata", {"sched (host)": text.held_host_metadata(upto)})
 
@@ -184,7 +190,7 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
             if not bs:
                 continue
             a = sum(b.allocated for b in bs)
-            n = max(max(b.needed_pp, b.needed_tg) for b in bs)
+            n = max(b.needed_max for b in bs)
             xs.append(e.index)
             ya.append(a / MIB)
             yn.append(n / MIB)

@@ -129,6 +129,9 @@ def diff_html(d: EventDiff) -> str:
     bufs = [[_e(b.buft), mib(b.allocated_a), mib(b.allocated_b), _signed(b.allocated_change), mib(b.needed_a),
              mib(b.needed_b), _signed(b.needed_change)] for b in d.buffers]
     counts = [[_e(c.name), str(c.a), str(c.b), (f"<b>{c.change:+d}</b>" if c.change else "=")] for c in d.counts]
+    counts += [[f"{_e(', '.join(only))} (only #{side})", "", "", ""]
+               for side, only in ((d.a, d.graphs_only_a), (d.b, d.graphs_only_b)) if only]
+    memory = [[_e(m.group), _e(m.buffer), mib(m.a), mib(m.b), _signed(m.change)] for m in d.memory]
     parts = [
         f"<div><b>#{d.a}</b> ({_e(d.decision_a)}) → <b>#{d.b}</b> "
         f"<span class='toolkit-diff-decision' style='color:{colour};font-weight:700'>{_e(d.decision_b.upper())}</span>"
@@ -137,6 +140,7 @@ def diff_html(d: EventDiff) -> str:
         _table(["buffer type", f"allocated #{d.a}", f"allocated #{d.b}", "change", f"needed #{d.a}",
                 f"needed #{d.b}", "change"], bufs, "toolkit-diff-buffers"),
         _table(["graph", f"#{d.a}", f"#{d.b}", "change"], counts, "toolkit-diff-counts"),
+        _table(["memory", "buffer", f"#{d.a}", f"#{d.b}", "change"], memory, "toolkit-diff-memory"),
         "</div>",
     ]
     if d.has_plans:
@@ -156,9 +160,11 @@ def diff_html(d: EventDiff) -> str:
             parts.append(_table(head, _inputs_rows(d.inputs_removed), "toolkit-diff-removed"))
     else:
         parts.append("<div>no plan on one side: node and split input changes unavailable</div>")
-    sp = d.count("splits pp")
+    # the splits of each graph both reserves planned (data-splits-pp-a, data-splits-tg-b, ...)
+    splits = "".join(f"data-splits-{_e(g)}-a='{d.count(f'splits {g}').a}' data-splits-{_e(g)}-b='"
+                     f"{d.count(f'splits {g}').b}' " for g in d.graphs)
     return (f"<div class='toolkit-diff' data-a='{d.a}' data-b='{d.b}' data-decision='{_e(d.decision_b)}' "
-            f"data-splits-pp-a='{sp.a}' data-splits-pp-b='{sp.b}' data-moved='{len(d.backend_changes)}' "
+            f"{splits}data-moved='{len(d.backend_changes)}' "
             f"data-weights-added='{len(d.weights_added)}' data-weights-removed='{len(d.weights_removed)}'>"
             + "".join(parts) + "</div>")
 

@@ -35,12 +35,15 @@ DECISION_SYMBOL: dict[str, str] = {
     "error": "x",
 }
 
-# Buffer kinds in the buffer-size figure; fixed so a kind keeps its colour across events.
+# Buffer kinds in the buffer-size figure (the compute buffers and a reserve event's memory groups);
+# fixed so a kind keeps its colour across events.
 KIND_COLOUR: dict[str, str] = {
     "compute allocated": "#0072B2",
     "compute needed": "#56B4E9",
-    "KV cache": "#CC79A7",
-    "weights": "#999999",
+    "model": "#999999",
+    "KV": "#CC79A7",
+    "KV-SWA": "#D55E00",
+    "RS": "#009E73",
     "output": "#F0E442",
     "sched host metadata": "#E69F00",
 }
@@ -48,6 +51,12 @@ KIND_COLOUR: dict[str, str] = {
 MIB = 1024 * 1024
 NEUTRAL_GRID = "rgba(128,128,128,0.25)"
 NEUTRAL_TEXT = "#888888"   # mid grey: readable on white and on JupyterLab's dark grey
+
+
+def kind_colour(kind: str) -> str:
+    """A buffer kind's colour: :data:`KIND_COLOUR`'s, else one of the palette picked by the name (the
+    same in every event and every session)."""
+    return KIND_COLOUR.get(kind) or OKABE_ITO[sum(map(ord, kind)) % len(OKABE_ITO)]
 
 
 def backend_colour(index: int) -> str:

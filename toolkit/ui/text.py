@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from toolkit.compare import EventDiff
 from toolkit.context import Reason, ReserveEvent, SchedParams
 from toolkit.fit import FitResult, ProbeParams
+from toolkit.reuse import COMPUTE_GROUP
 from toolkit.sched.plan import BufferPlan, Plan, TensorAlloc
 from toolkit.ui.layers import Collapse, node_runs
 from toolkit.ui.style import DECISION_COLOUR, MIB, mib, nbytes_exact, onoff
@@ -128,19 +129,27 @@ def _latest_with_buffers(events: Sequence[ReserveEvent]) -> ReserveEvent | None:
     return None
 
 
+def graphs_text(ev: ReserveEvent) -> str:
+    """The graphs a reserve planned, by label: ``pp 68 nodes 1 splits, tg 68 nodes 1 splits``."""
+    return ", ".join(f"{label} {g.n_nodes} nodes {g.n_splits} splits" for label, g in ev.graphs.items())
+
+
 def buffers_text(events: Sequence[ReserveEvent]) -> str:
-    """Per buffer type of the newest successful reserve: compute allocated/needed, KV, weights."""
+    """Per buffer type of the newest successful reserve: compute allocated and needed by each graph,
+    then every other memory group's buffers (model, KV, KV-SWA, ..., output)."""
     ev = _latest_with_buffers(events)
     if ev is None:
         return "no buffers yet"
     lines = [f"buffers after reserve #{ev.index} ({ev.decision})"]
     for b in ev.buffers:
-        needed = max(b.needed_pp, b.needed_tg)
+        each = ", ".join(f"{label} {nbytes_exact(n)}" for label, n in b.needed.items())
         lines.append(f"  {b.backend:>12} {b.buft:>12} compute allocated {mib(b.allocated):>12} "
-                     f"needed {mib(needed):>12} (pp {nbytes_exact(b.needed_pp)}, tg {nbytes_exact(b.needed_tg)})")
-    for label, d in (("KV cache", ev.kv_bytes), ("weights", ev.model_bytes), ("output", ev.output_bytes)):
-        for buft, n in d.items():
-            lines.append(f"  {label:>12} {buft:>12} {mib(n):>12}")
+                     f"needed {mib(b.needed_max):>12} ({each})")
+    for group, bufs in ev.memory.items():
+        if group == COMPUTE_GROUP:   # the compute lines above
+            continue
+        for name, n in bufs.items():
+            lines.append(f"  {group:>12} {name:>12} {mib(n):>12}")
     lines.append(f"  sched host metadata {mib(held_host_metadata(events[: events.index(ev) + 1]))}")
     return "\n".join(lines)
 
@@ -207,7 +216,12 @@ def diff_text(d: EventDiff) -> str:
         lines.append(f"  {b.buft:>12} allocated {mib(b.allocated_a)} -> {mib(b.allocated_b)} "
                      f"({_signed(b.allocated_change)}), needed {mib(b.needed_a)} -> {mib(b.needed_b)} "
                      f"({_signed(b.needed_change)})")
+    for m in d.memory:
+        lines.append(f"  {m.group:>12} {m.buffer:>12} {mib(m.a)} -> {mib(m.b)} ({_signed(m.change)})")
     lines.append("  " + ", ".join(f"{c.name} {c.a} -> {c.b}" for c in d.counts))
+    for side, only in ((d.a, d.graphs_only_a), (d.b, d.graphs_only_b)):
+        if only:
+            lines.append(f"  only #{side} planned graph(s): {', '.join(only)}")
     if not d.has_plans:
         lines.append("  (no plan on one side: node and split input changes unavailable)")
         return "\n".join(lines)
