@@ -121,3 +121,12 @@ def debug_case_ids() -> list[str]:
     """The dumps of every case (first oracle, qwen3/gemma3 and Llama-3.x files) that has one."""
     ids = {c["id"] for c in (*cases(), *arch_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
+
+
+def recorded_max_nodes(model_name: str) -> int:
+    """The max_nodes llama.cpp recorded for a model (``llama_context::graph_max_nodes``), the same on
+    every case of that model in cases.json."""
+    seen = {c["observed"]["max_nodes"] for c in cases()
+            if c["model"]["name"] == model_name and c["observed"].get("max_nodes") is not None}
+    assert len(seen) == 1, f"{model_name}: recorded max_nodes {sorted(seen)}"
+    return seen.pop()

@@ -8,6 +8,7 @@ import hypothesis.strategies as st
 import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
+from oracle_cases import recorded_max_nodes
 
 from toolkit.ui import Dashboard, figures, text
 from toolkit.ui.choices import make_context, parse_devices, preset_label, resolve_model
@@ -102,7 +103,8 @@ CHANGES = st.one_of(
 def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]]) -> None:
     ctx = make_context("tiny")
     dash = Dashboard(ctx, debounce_s=0)
-    auto = max(1024, 8 * ctx.setup.model.n_tensors)     # llama_context::graph_max_nodes for llama
+    assert ctx.hparams.name == "tiny_f32"
+    auto = recorded_max_nodes("tiny_f32")              # what llama.cpp's graph_max_nodes gave this model
     held = ctx.events[-1].params                         # what the live scheduler was built with
     for key, value in changes:
         if dash.controls[key].value == value:

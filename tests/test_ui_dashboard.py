@@ -1,121 +1,43 @@
-"""The dashboard driven headless: control changes -> ctx.update -> badge and figures.
+"""The dashboard driven headless on real (planning-only) contexts of the tiny preset: control
+changes -> ctx.update -> badge and figures.
 
-``StubContext`` stands in for toolkit.context.Context with the same surface (the real
-ContextParams as cparams, hparams, events, scheduler, update) so the widget plumbing is tested
-on its own; the same checks run on a real Context in test_ui_context.py.
+The numbers checked are llama.cpp's, recorded in tests/data/cases.json for tiny_f32 (the tiny
+preset's model): ``max_nodes`` (``llama_context::graph_max_nodes``), the KV cache and the compute
+buffer of n_ctx 256 and 1024 with n_batch 256, n_ubatch 128 and flash attention on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import hypothesis.strategies as st
 import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
+from oracle_cases import case, recorded_max_nodes
 
+from toolkit.context import Context
 from toolkit.errors import ParameterError
-from toolkit.models.cparams import ContextParams
-from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
-from toolkit.ui.dashboard import UPDATE_KEYS, Dashboard, parse_max_nodes
+from toolkit.ui.choices import make_context
+from toolkit.ui.controls import MODEL_PICKERS, parse_max_nodes, shown
+from toolkit.ui.dashboard import Dashboard
 
-MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class StubHParams:
-    n_layer: int = 2
-    name: str = "stub"
+TINY = "tiny_f32"                                  # the model of toolkit.models.presets.tiny()
+AUTO = recorded_max_nodes(TINY)                    # what llama.cpp sized the tiny model's graphs with
+C256, C1024 = (case(f"cpu-tiny_f32-c{n}-b256-ub128-faon")["observed"] for n in (256, 1024))
 
 
-@dataclass
-class StubScheduler:
-    max_nodes: int
-
-
-class StubContext:
-    """The seed's sched_new in a few lines, with sizes that are a simple function of cparams."""
-
-    N_TENSORS = 200          # auto max_nodes = max(1024, 8 * 200) = 1600
-    N_NODES = 700            # a graph of this size needs max_nodes >= N_NODES
-    auto_max_nodes_text = "max(1024, 8·n_tensors)"
-    backends: list[Any] = []
-    compile_events: list[Any] = []
-    n_copies = 1
-
-    def __init__(self, pipeline_parallel: bool = False) -> None:
-        self.cparams = ContextParams(n_ctx=512, n_batch=512, n_ubatch=128, n_gpu_layers=3)
-        self.pipeline_parallel = pipeline_parallel    # decided by the context, as Context does
-        self.hparams = StubHParams()
-        self.max_nodes_override: int | None = None
-        self.events: list[ReserveEvent] = []
-        self.scheduler: StubScheduler | None = None
-        self.cur: SchedParams | None = None
-        self.alloc = 0
-        self.update_calls: list[dict[str, Any]] = []
-        self.sched_reserve(trigger="initial")
-
-    @property
-    def sched_params_cur(self) -> SchedParams | None:
-        return self.cur
-
-    @property
-    def sched_params_req(self) -> SchedParams | None:
-        return self.events[-1].params if self.events else None
-
-    def compute_buffers_bytes(self) -> dict[str, int]:
-        return {"CPU": self.alloc}
-
-    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
-        raise NotImplementedError("the stub plans only")
-
-    def decode(self, tokens: Any, *, last_only: bool = False, seq_id: int = 0) -> Any:
-        raise NotImplementedError("the stub plans only")
-
-    def update(self, **changes: Any) -> ReserveEvent:
-        self.update_calls.append(changes)
-        cp = {k: v for k, v in changes.items() if k not in ("max_nodes", "parallel")}
-        new = self.cparams.replace(**cp)
-        mn = changes.get("max_nodes", self.max_nodes_override)
-        if new.n_ubatch > new.n_batch:
-            raise ValueError(f"n_ubatch {new.n_ubatch} > n_batch {new.n_batch}")
-        if mn is not None and mn < self.N_NODES:
-            raise ValueError(f"max_nodes {mn} < graph nodes {self.N_NODES}")
-        self.cparams, self.max_nodes_override = new, mn
-        self.pipeline_parallel = changes.get("parallel", self.pipeline_parallel)
-        return self.sched_reserve(trigger=", ".join(f"{k}={v}" for k, v in changes.items()))
-
-    def sched_reserve(self, trigger: str = "") -> ReserveEvent:
-        mn = self.max_nodes_override or max(1024, 8 * self.N_TENSORS)
-        p = SchedParams(mn, self.pipeline_parallel, self.cparams.op_offload)
-        prev = self.cur
-        need = self.cparams.n_ubatch * self.cparams.n_ctx * 4
-        if self.scheduler is not None and prev is not None and p.can_reuse(prev):
-            decision, reasons = "reused", (Reason("max_nodes", prev.max_nodes, mn),)
-            self.alloc = max(self.alloc, need)
-        else:
-            decision = "rebuilt"
-            reasons = () if prev is None else tuple(
-                Reason(f, getattr(prev, f), getattr(p, f)) for f in ("max_nodes", "parallel", "op_offload")
-                if getattr(prev, f) != getattr(p, f))
-            self.scheduler, self.cur, self.alloc = StubScheduler(mn), p, need
-        ev = ReserveEvent(len(self.events), decision, reasons, p, prev, trigger, {"total": 1.0},  # type: ignore[arg-type]
-                          host_metadata_bytes=368 * mn if decision == "rebuilt" else 0,
-                          saved_host_metadata_bytes=368 * mn if decision == "reused" else 0,
-                          buffers=(BufferSize("CPU", "CPU", self.alloc, {"pp": need, "tg": need // 4}),),
-                          graphs={"pp": GraphRecord(self.N_NODES, 1), "tg": GraphRecord(self.N_NODES, 1)},
-                          last_graph="pp",
-                          memory={"KV": {"CPU": self.cparams.n_ctx * 1024}})
-        self.events.append(ev)
-        return ev
-
-
-def make_dashboard(**kw: Any) -> tuple[StubContext, Dashboard]:
-    ctx = StubContext()
+def make_dashboard(devices: str = "cpu", **kw: Any) -> tuple[Context, Dashboard]:
+    ctx = make_context("tiny", devices, n_ctx=256, n_batch=256, n_ubatch=128, flash_attn="on")
+    assert ctx.hparams.name == TINY
     return ctx, Dashboard(ctx, debounce_s=0, **kw)
+
+
+def bars(dash: Dashboard) -> dict[str, list[int]]:
+    return {t.name: list(t.customdata) for t in dash.figures["buffers"].data if t.customdata is not None}
 
 
 def test_parse_max_nodes() -> None:
@@ -131,51 +53,56 @@ def test_initial_state_and_figures() -> None:
     ctx, dash = make_dashboard()
     assert dash.badge_text().startswith("REBUILT · first scheduler")
     assert "toolkit-badge-rebuilt" in dash.badge.value
+    assert ctx.events[-1].params.max_nodes == AUTO and f"data-value='{AUTO}'" in dash.sched_info.value
     assert all(isinstance(f, go.FigureWidget) for f in dash.figures.values())
     assert len(dash.figures["timeline"].data) > 0
-    assert "Dashboard(" in repr(dash)
+    assert repr(dash) == "Dashboard(model='tiny', devices='cpu', events=1)"
 
 
 def test_control_change_reuses_then_rebuilds() -> None:
     ctx, dash = make_dashboard()
-    dash.controls["max_nodes"].value = "1000"          # 1000 <= 1600: reused
-    assert ctx.update_calls[-1] == {"max_nodes": 1000}
-    assert dash.badge_text().startswith("REUSED · max_nodes 1000 <= 1600")
+    dash.controls["max_nodes"].value = "1000"          # 1000 <= the held 1024: reused
+    assert ctx.events[-1].trigger == f"max_nodes {AUTO} -> 1000"
+    assert dash.badge_text().startswith(f"REUSED · max_nodes 1000 <= {AUTO}")
     assert "toolkit-badge-reused" in dash.badge.value
     dash.controls["op_offload"].value = False           # op_offload differs: rebuilt
     assert dash.badge_text().startswith("REBUILT") and "op_offload on \u2192 off" in dash.badge_text()
-    dash.controls["max_nodes"].value = "auto"          # back to 1600 > 1000 held: rebuilt
-    assert ctx.update_calls[-1] == {"max_nodes": None}
-    assert dash.badge_text().startswith("REBUILT · max_nodes 1600 > 1000")
+    assert ctx.cparams.op_offload is False
+    dash.controls["max_nodes"].value = "auto"          # back to 1024 > the held 1000: rebuilt
+    assert ctx.events[-1].trigger == f"max_nodes 1000 -> auto ({AUTO})" and ctx.max_nodes_override is None
+    assert dash.badge_text().startswith(f"REBUILT · max_nodes {AUTO} > 1000")
 
 
 def test_buffer_bars_follow_the_newest_event() -> None:
     ctx, dash = make_dashboard()
-    bars = {t.name: t for t in dash.figures["buffers"].data}
-    before = list(bars["KV"].customdata)
+    assert bars(dash)["KV"] == list(C256["kv_buffers_bytes"].values())
     dash.controls["n_ctx"].value = 1024
-    bars = {t.name: t for t in dash.figures["buffers"].data}
-    assert list(bars["KV"].customdata) == [1024 * 1024] != before
-    # reuse keeps the larger compute buffer: allocated stays, needed drops
+    assert ctx.events[-1].decision == "reused"
+    assert bars(dash)["KV"] == list(C1024["kv_buffers_bytes"].values())
+    assert bars(dash)["compute allocated"] == list(C1024["compute_buffers_bytes"].values())
+    # reuse keeps the larger compute buffer: allocated stays, needed drops to what n_ctx 256 needs
     dash.controls["n_ctx"].value = 256
-    bars = {t.name: t for t in dash.figures["buffers"].data}
-    assert list(bars["compute allocated"].customdata) == [128 * 1024 * 4]
-    assert list(bars["compute needed (pp)"].customdata) == [128 * 256 * 4]
+    assert ctx.events[-1].decision == "reused"
+    assert bars(dash)["compute allocated"] == list(C1024["compute_buffers_bytes"].values())
+    assert bars(dash)["compute needed (pp)"] == list(C256["compute_buffers_bytes"].values())
 
 
 def test_errors_show_inside_and_keep_state() -> None:
     ctx, dash = make_dashboard()
-    n = len(ctx.events)
-    drawn = dash.figures["buffers"].to_dict()
-    dash.controls["max_nodes"].value = "12"             # smaller than the graph
-    assert dash.error is not None and "max_nodes 12 < graph nodes 700" in dash.error
+    n, sched, sizes = len(ctx.events), ctx.scheduler, ctx.compute_buffers_bytes()
+    dash.controls["max_nodes"].value = "12"             # smaller than the graph: the context refuses it
+    assert isinstance(dash.exception, ParameterError) and dash.exception.param == "max_nodes"
+    assert dash.error is not None and dash.error.startswith("ParameterError: max_nodes=12 is not accepted")
+    assert "too small for the graph" in dash.error
     assert dash.controls["max_nodes"].value == "auto"   # the control shows what the context runs with
-    assert "toolkit-badge-error" in dash.badge.value and "max_nodes 12" in dash.errors.value
-    assert len(ctx.events) == n and dash.figures["buffers"].to_dict() == drawn
-    dash.controls["max_nodes"].value = "nonsense"
-    assert "'nonsense'" in (dash.error or "")
+    assert "toolkit-badge-error" in dash.badge.value and "max_nodes=12" in dash.errors.value
+    # the attempt is recorded as an error event; scheduler, buffers and params are as they were
+    assert len(ctx.events) == n + 1 and ctx.events[-1].decision == "error"
+    assert ctx.scheduler is sched and ctx.compute_buffers_bytes() == sizes and ctx.max_nodes_override is None
+    dash.controls["max_nodes"].value = "nonsense"       # refused by the control table: no event at all
+    assert "'nonsense'" in (dash.error or "") and len(ctx.events) == n + 1
     dash.controls["max_nodes"].value = "800"            # a valid change clears the error
-    assert dash.error is None and dash.badge_text().startswith("REUSED")
+    assert dash.error is None and dash.badge_text().startswith("REUSED") and ctx.max_nodes_override == 800
 
 
 def test_error_in_a_callback_never_escapes() -> None:
@@ -186,24 +113,29 @@ def test_error_in_a_callback_never_escapes() -> None:
 
     ctx.update = boom  # type: ignore[method-assign]
     dash.controls["n_ubatch"].value = 64
-    assert "RuntimeError: device lost" in dash.badge_text()
+    assert "internal error, please report it: RuntimeError: device lost" in dash.badge_text()
+    assert isinstance(dash.exception, RuntimeError) and dash.controls["n_ubatch"].value == 128
 
 
 def test_apply_sends_one_update() -> None:
     ctx, dash = make_dashboard()
-    dash.apply(n_ctx=2048, n_ubatch=256, max_nodes="900")
-    assert ctx.update_calls == [{"n_ctx": 2048, "n_ubatch": 256, "max_nodes": 900}]
+    n = len(ctx.events)
+    dash.apply(n_ctx=2048, n_ubatch=64, max_nodes="900")
+    assert len(ctx.events) == n + 1 and dash.n_updates == 1
+    assert ctx.events[-1].trigger == f"n_ctx 256 -> 2048; n_ubatch 128 -> 64; max_nodes {AUTO} -> 900"
+    assert (ctx.cparams.n_ctx, ctx.cparams.n_ubatch, ctx.max_nodes_override) == (2048, 64, 900)
 
 
 def test_rapid_changes_coalesce_last_value_wins() -> None:
-    ctx = StubContext()
+    ctx, _ = make_dashboard()
+    n = len(ctx.events)
 
     async def drag() -> Dashboard:
         dash = Dashboard(ctx, debounce_s=0.05)
         for v in (64, 32, 16, 8, 4):                    # a slider dragged through five stops
             dash.controls["n_ubatch"].value = v
-        assert ctx.update_calls == []                   # nothing yet: still inside the burst
-        await asyncio.sleep(0.2)
+        assert len(ctx.events) == n                     # nothing yet: still inside the burst
+        await asyncio.sleep(0.3)
         return dash
 
     # a fresh thread owns its own event loop: the session-wide browser fixtures keep a loop
@@ -213,17 +145,28 @@ def test_rapid_changes_coalesce_last_value_wins() -> None:
     worker.start()
     worker.join(timeout=30)
     dash = out[0]
-    assert ctx.update_calls == [{"n_ubatch": 4}]
-    assert dash.n_updates == 1 and ctx.events[-1].trigger == "n_ubatch=4"
+    assert len(ctx.events) == n + 1 and ctx.events[-1].trigger == "n_ubatch 128 -> 4"
+    assert dash.n_updates == 1 and ctx.cparams.n_ubatch == 4
 
 
-def test_runtime_buttons_degrade_gracefully() -> None:
+def test_runtime_buttons_say_what_went_wrong() -> None:
     ctx, dash = make_dashboard()
-    dash.compile_button.click()
+    n = len(ctx.events)
+    dash.tokens.value = "1, two"
+    dash.run_button.click()          # refused before the runtime is asked: the tokens name the problem
+    assert dash.runtime.value.startswith("<span style='color:#D55E00'>run failed: ParameterError: tokens=")
+    assert "two" in dash.runtime.value and "token ids in 0..31999" in dash.runtime.value
+    dash.tokens.value = str(ctx.hparams.n_vocab)         # one past the vocabulary
     dash.run_button.click()
-    # either the runtime is missing, or this stub context cannot compile / decode: said, not raised
-    assert dash.runtime.value.startswith(("JAX runtime unavailable", "compile unavailable", "run failed",
-                                          "<span style='color:#D55E00'>run failed"))
+    assert "run failed: ParameterError" in dash.runtime.value and len(ctx.events) == n
+
+    def no_device(n_tokens: int | None = None) -> dict[str, Any]:
+        raise RuntimeError("no XLA device")
+
+    ctx.compile = no_device  # type: ignore[method-assign]
+    dash.compile_button.click()
+    assert dash.runtime.value == "<span style='color:#D55E00'>compile failed: RuntimeError: no XLA device</span>"
+    assert ctx.compile_events == []
 
 
 def test_split_map_collapse_toggle_redraws() -> None:
@@ -231,31 +174,30 @@ def test_split_map_collapse_toggle_redraws() -> None:
 
     from toolkit.ui import figures
 
-    def bars(fig: go.Figure) -> list[tuple[object, ...]]:
+    def bars_of(fig: go.Figure) -> list[tuple[object, ...]]:
         return [(t.name, tuple(t.y), tuple(t.x), tuple(t.base)) for t in fig.data if t.type == "bar"]
 
     ctx, dash = make_dashboard()
+    assert dash.collapse.options == ("layer", "split", "none") and dash.collapse.value == "layer"
     plan = sample_plan()
     ctx.events[-1] = replace(ctx.events[-1], plan=plan)
-    dash._draw(force=True)
-    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "layer"))
+    dash.redraw()
+    assert bars_of(dash.figures["split_map"]) == bars_of(figures.split_map(plan, "layer"))
     dash.collapse.value = "none"                       # the toggle alone redraws, node by node
-    assert bars(dash.figures["split_map"]) == bars(figures.split_map(plan, "none"))
-    assert bars(figures.split_map(plan, "none")) != bars(figures.split_map(plan, "layer"))
+    assert bars_of(dash.figures["split_map"]) == bars_of(figures.split_map(plan, "none"))
+    assert bars_of(figures.split_map(plan, "none")) != bars_of(figures.split_map(plan, "layer"))
+    with pytest.raises(ParameterError, match="collapse='rows'"):
+        Dashboard(ctx, collapse="rows")  # type: ignore[arg-type]
 
 
 CHANGES = st.one_of(
-    st.tuples(st.just("max_nodes"), st.sampled_from(["auto", "700", "900", "1600", "2000", "4096", "8"])),
+    st.tuples(st.just("max_nodes"), st.sampled_from(["auto", "700", "900", "1024", "2000", "4096", "8"])),
     st.tuples(st.just("parallel"), st.booleans()),
     st.tuples(st.just("op_offload"), st.booleans()),
     st.tuples(st.just("n_ctx"), st.sampled_from([256, 512, 1024, 2048])),
     st.tuples(st.just("n_ubatch"), st.sampled_from([32, 64, 128, 512, 1024])),
     st.tuples(st.just("n_batch"), st.sampled_from([256, 512, 1024])),
 )
-
-
-def expected_max_nodes(text: str, auto: int) -> int:
-    return auto if text == "auto" else int(text)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -269,12 +211,16 @@ def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]])
             continue                             # no change, no observer call
         dash.controls[key].value = value
         text = dash.badge_text()
-        if len(ctx.events) == n_events:          # rejected input: shown, state kept
-            assert dash.error is not None and text.startswith("ERROR")
-            continue
         ev = ctx.events[-1]
+        assert len(ctx.events) == n_events + 1   # every change reserved, or recorded its refusal
+        if ev.decision == "error":               # refused (max_nodes 8, n_ubatch > n_batch): shown, state kept
+            assert isinstance(dash.exception, ParameterError) and dash.error is not None
+            assert ev.error is not None and ev.error in dash.error and text.startswith("ERROR")
+            assert ctx.sched_params_cur == held
+            continue
         assert text.startswith(ev.decision.upper())
-        assert ev.params.max_nodes == expected_max_nodes(str(dash.controls["max_nodes"].value), 1600)
+        typed = str(dash.controls["max_nodes"].value)
+        assert ev.params.max_nodes == (AUTO if typed == "auto" else int(typed))
         # the seed's rule, written out independently of SchedParams.can_reuse
         reuse = (ev.params.parallel == held.parallel and ev.params.op_offload == held.op_offload
                  and ev.params.max_nodes <= held.max_nodes)
@@ -283,9 +229,26 @@ def test_badge_agrees_with_context_and_seed_rule(changes: list[tuple[str, Any]])
             held = ev.params
 
 
-def test_update_keys_cover_every_plain_control() -> None:
-    _, dash = make_dashboard()
-    assert set(UPDATE_KEYS) | {"model", "gguf", "devices", "budget_mib"} == set(dash.controls)
+def test_every_control_is_an_update_keyword_of_its_context() -> None:
+    """Each control the settings offer maps to a keyword the real context's update takes: the
+    current values handed back keep the scheduler (new backends aside) and what the widgets show."""
+    import jax.numpy as jnp
+
+    from toolkit.trace import trace
+    from toolkit.trace.session import TracedContext
+
+    tr = trace(lambda p, x: jnp.tanh(x @ p["w"]), jnp.ones((2, 4)), params={"w": jnp.ones((4, 4))})
+    for ctx in (make_dashboard("sim:2")[0], TracedContext(tr, "sim:2", placement={"w": 1})):
+        dash = Dashboard(ctx, debounce_s=0)
+        offered = ctx.settings()
+        pickers = set(MODEL_PICKERS) if offered.model is not None else set()
+        assert set(dash.controls) == {c.name for c in offered.controls} | pickers
+        for c in offered.controls:
+            ev = ctx.update(**dash.table.changes([c.name]))
+            # a traced context makes new backends for any devices= (so no scheduler can be reused)
+            assert ev.decision == "reused" or [r.field for r in ev.reasons] == ["devices"], (c, ev)
+        # what the widgets show is what they showed (n_gpu_layers 999 came back as n_layer + 1: every layer)
+        assert [shown(c) for c in ctx.settings().controls] == [shown(c) for c in offered.controls]
 
 
 def test_widget_state_follows_the_figures_without_resending() -> None:
@@ -307,12 +270,11 @@ def test_widget_state_follows_the_figures_without_resending() -> None:
 
 
 def test_initial_parallel_checkbox_is_what_the_context_runs_with() -> None:
-    ctx = StubContext(pipeline_parallel=True)
-    dash = Dashboard(ctx, debounce_s=0)
-    assert dash.controls["parallel"].value is True
+    ctx, dash = make_dashboard("sim:2")         # two devices: llama.cpp's rule turns pipeline parallelism on
+    assert ctx.pipeline_parallel is True and dash.controls["parallel"].value is True
     # a refused change reverts to the accepted state, which must hold the context's parallel flag
     dash.apply(parallel=False, max_nodes="12")
-    assert dash.error is not None and "max_nodes 12" in dash.error
+    assert dash.error is not None and "max_nodes=12" in dash.error
     assert dash.controls["parallel"].value is True and ctx.pipeline_parallel is True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oracle_cases import recorded_max_nodes
 from plotly.callbacks import InputDeviceState, Points
 
 from toolkit.sched.plan import Cause
@@ -72,7 +73,8 @@ def test_max_nodes_auto_names_the_formula_value() -> None:
     dash = offload_dashboard()
     dash.controls["max_nodes"].value = "2048"
     dash.controls["max_nodes"].value = "auto"
-    auto = max(1024, 8 * dash.ctx.setup.model.n_tensors)       # llama.cpp's graph_max_nodes
+    assert dash.ctx.hparams.name == "tiny_f32"
+    auto = recorded_max_nodes("tiny_f32")                      # what llama.cpp's graph_max_nodes gave it
     assert dash.ctx.events[-1].trigger == f"max_nodes 2048 -> auto ({auto})"
     assert f"auto ({auto})" in dash.badge.value
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 import toolkit
 from toolkit.trace import trace
 from toolkit.trace.session import TracedContext, auto_max_nodes
-from toolkit.ui.dashboard import LLAMA_ONLY_CONTROLS, Dashboard
+from toolkit.ui.dashboard import Dashboard
 
 
 def mlp(p: Any, x: jax.Array) -> jax.Array:
@@ -64,7 +64,7 @@ def test_llama_controls_are_hidden_and_traced_ones_shown() -> None:
     assert decision_of(dash) == "rebuilt" and repr(dash).startswith("Dashboard(model='mlp'")
     with pytest.raises(KeyError):
         dash.apply(n_ctx=1024)
-    assert set(LLAMA_ONLY_CONTROLS).isdisjoint(dash.controls)
+    assert dash.ctx.settings().model is None and "model" not in dash.controls   # no llama model to pick or fit
 
 
 def test_figures_are_drawn_from_the_traced_events() -> None:

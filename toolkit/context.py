@@ -32,6 +32,8 @@ from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.cases import summary
+from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, N_CTX_PAD
+from toolkit.models.devices import describe_picker
 from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import (
@@ -45,6 +47,7 @@ from toolkit.reuse import (
     SchedulerHolder,
 )
 from toolkit.sched import Scheduler
+from toolkit.view import ContextSettings, Control, ModelSettings, Runtime, device_controls, scheduler_controls
 
 __all__ = ["Context", "LlamaContextView", "context_from_case", "memory_groups", "plan_case"]
 
@@ -54,6 +57,8 @@ _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
 # each up to a multiple of n_seqs (a probe must give every KV stream at least one token)
 N_FUSED_OP_PROBES = (1, 16, 1, 1, 1, 1)
 AUTO_MAX_NODES_TEXT = "llama_context::graph_max_nodes: max(1024, 8·n_tensors)"
+# the sizes the dashboard offers (powers of two): n_ctx from llama_context's padding of 256 up, batches
+N_CTX_OFFERED, N_BATCH_OFFERED = (N_CTX_PAD, 1 << 17), (1, 1 << 13)
 
 
 @runtime_checkable
@@ -191,6 +196,27 @@ class Context:
     @property
     def n_copies(self) -> int:
         return self.scheduler.n_copies
+
+    # ---- what the dashboard reads --------------------------------------------------------------
+    def settings(self) -> ContextSettings:
+        """The controls a llama context offers (the device picker, the scheduler's params and the
+        context params of llama_context_params), its model and the runtime's entry points."""
+        cp, hp = self.cparams, self.hparams
+        controls = (
+            *device_controls(*describe_picker(cp.devices)),
+            *scheduler_controls(self.max_nodes_override, self.auto_max_nodes_text, self.pipeline_parallel,
+                                cp.op_offload),
+            Control("n_ctx", "size", cp.n_ctx, "n_ctx", *N_CTX_OFFERED, carry=True),
+            Control("n_batch", "size", cp.n_batch, "n_batch", *N_BATCH_OFFERED, carry=True),
+            Control("n_ubatch", "size", cp.n_ubatch, "n_ubatch", *N_BATCH_OFFERED, carry=True),
+            Control("flash_attn", "choice", cp.flash_attn, "flash_attn", options=("auto", "on", "off"), carry=True),
+            # n_layer + 1 offloads every layer and the output layer, as any larger number does
+            Control("n_gpu_layers", "count", cp.n_gpu_layers, "n_gpu_layers", 0, hp.n_layer + 1,
+                    every=DEFAULT_N_GPU_LAYERS, carry=True),
+        )
+        return ContextSettings(hp.name, controls, ("layer", "split", "none"),
+                               ModelSettings(hp.name, hp.n_layer, hp, cp, self.gguf_path),
+                               Runtime(compile=self.compile, decode=self.decode))
 
     # ---- graphs --------------------------------------------------------------------------------
     def max_nodes(self) -> int:

@@ -37,6 +37,7 @@ from toolkit.models.devices import make_devices, parse_picker
 from toolkit.reuse import MODEL_GROUP, CompileEvent, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler, hash_size
 from toolkit.trace.schedule import Schedule, auto_max_nodes
+from toolkit.view import Collapse, ContextSettings, Control, Runtime, device_controls, scheduler_controls
 
 if TYPE_CHECKING:
     from toolkit.trace.api import Traced, TracedGraph
@@ -180,6 +181,17 @@ class TracedContext:
         for buf in self.traced.weight_buffers:
             out[buf.buft.name] = out.get(buf.buft.name, 0) + int(buf.size)
         return out
+
+    def settings(self) -> ContextSettings:
+        """What a traced graph offers the dashboard: the device picker, the parameter placement and
+        the scheduler's params (its graph is fixed: no model, no context params), and ``run``."""
+        controls = (*device_controls(*self.devices),
+                    Control("placement", "placement", self.traced.placement, "placement"),
+                    *scheduler_controls(self.max_nodes_override, self.auto_max_nodes_text, self.parallel,
+                                        self.op_offload))
+        # no llama layers to group by: node by node when small, else by split
+        groupings: tuple[Collapse, ...] = ("none", "split") if self.n_nodes <= 64 else ("split", "none")
+        return ContextSettings(self.name, controls, groupings, runtime=Runtime(run=self.run))
 
     def max_nodes(self) -> int:
         return self.max_nodes_override or auto_max_nodes(self.n_nodes, self.n_leafs)

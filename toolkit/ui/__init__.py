@@ -6,7 +6,8 @@
 >>> figures.buffer_sizes(dash.ctx.events)             # doctest: +SKIP
 
 ``toolkit.ui.figures`` builds each view from ReserveEvents / Plans, ``toolkit.ui.text`` gives
-the same views as text, ``toolkit.ui.dashboard`` holds :class:`Dashboard` and ``dashboard()``,
+the same views as text, ``toolkit.ui.dashboard`` holds :class:`Dashboard` and ``dashboard()`` (composed of
+the control table ``toolkit.ui.controls``, built from a context's ``settings()``, and ``toolkit.ui.panels``),
 ``toolkit.ui.fitpanel`` the fit-to-budget panel :class:`FitPanel` (``common_fit_params``).
 """
 

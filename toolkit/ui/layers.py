@@ -11,11 +11,9 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from toolkit.sched.plan import NodePlacement, Plan
-
-Collapse = Literal["layer", "split", "none"]
+from toolkit.view import Collapse
 
 # llama.cpp's graph callback names per-layer tensors "<name>-<il>" (Qcur-3, ffn_swiglu-1, l_out-31);
 # ggml_format_name appends " (view)", " (permuted)", " (reshaped)" … to derived tensors.
