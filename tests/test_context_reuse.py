@@ -6,7 +6,8 @@ import pytest
 from oracle_cases import case
 
 from toolkit.backend import Buffer
-from toolkit.context import Context, context_from_case
+from toolkit.cases import context_from_case
+from toolkit.context import Context
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.tensor import BufferUsage
 from toolkit.models import ContextParams, presets

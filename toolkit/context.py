@@ -25,17 +25,16 @@ from typing import Any, Protocol, runtime_checkable
 from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.backend.host import check_host_bytes
-from toolkit.errors import AllocationError, ParameterError, ToolkitError
+from toolkit.errors import AllocationError, ParameterError
 from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
-from toolkit.models.cases import summary
 from toolkit.models.llama import LlamaGraph
 from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler
 
-__all__ = ["Context", "LlamaContextView", "context_from_case", "plan_case"]
+__all__ = ["Context", "LlamaContextView"]
 
 _SCHED_FIELDS = ("max_nodes", "parallel")
 _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
@@ -430,20 +429,3 @@ def _check_max_nodes(max_nodes: Any) -> int | None:
     return validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
                                      none_means="llama_context::graph_max_nodes")
 
-
-# ---- oracle cases ------------------------------------------------------------------------------
-
-def context_from_case(case: Mapping[str, Any], **kw: Any) -> Context:
-    """The context an oracle case (``{id, model, cparams}``) describes."""
-    hp = LlamaHParams.from_dict(case["model"])
-    cp = ContextParams.from_dict(case["cparams"])
-    return Context(hp, cp, **kw)
-
-
-def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
-    """What llama.cpp printed for a case, under the oracle's names, or ``{"id", "error"}`` when it refuses."""
-    try:
-        ctx = context_from_case(case)
-    except ToolkitError as e:
-        return {"id": case.get("id"), "error": e.llama_text or str(e)}
-    return {"id": case.get("id"), **summary(ctx)}

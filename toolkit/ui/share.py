@@ -121,7 +121,7 @@ def save_html(path: str | Path, sections: Sequence[Section], title: str = "toolk
 def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source: str = "") -> Path:
     """``python -m toolkit plan --cases FILE --html PATH``: one section per case (its context's reserves);
     a case llama.cpp would refuse is listed with its error."""
-    from toolkit.context import context_from_case
+    from toolkit.cases import context_from_case
 
     sections: list[Section] = []
     for k, case in enumerate(cases):
