@@ -200,11 +200,11 @@ def test_caller_backends_are_not_mutated() -> None:
 
 def test_both_contexts_are_read_through_the_view_protocol() -> None:
     """The dashboard and the runtime read contexts through ContextView; a llama context also offers
-    its params and the runtime's entry points (LlamaContextView), a traced one does not."""
-    from toolkit.context import LlamaContextView
+    its params (LlamaContextView) and what the JAX runtime reads to run it (RunnableContext)."""
+    from toolkit.context import LlamaContextView, RunnableContext
     from toolkit.reuse import ContextView
 
     ctx = _tiny()
-    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
+    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView) and isinstance(ctx, RunnableContext)
     assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
     assert not isinstance(object(), ContextView)

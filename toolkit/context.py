@@ -34,7 +34,7 @@ from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
 from toolkit.reuse import CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
 from toolkit.sched import Scheduler
 
-__all__ = ["Context", "LlamaContextView"]
+__all__ = ["Context", "LlamaContextView", "RunnableContext"]
 
 _SCHED_FIELDS = ("max_nodes", "parallel")
 _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
@@ -46,7 +46,7 @@ AUTO_MAX_NODES_TEXT = "llama_context::graph_max_nodes: max(1024, 8·n_tensors)"
 
 @runtime_checkable
 class LlamaContextView(ContextView, Protocol):
-    """A :class:`~toolkit.reuse.ContextView` of a llama model: its params, and the runtime's entry points."""
+    """A :class:`~toolkit.reuse.ContextView` of a llama model: its params."""
 
     @property
     def cparams(self) -> ContextParams:
@@ -58,12 +58,30 @@ class LlamaContextView(ContextView, Protocol):
         """The model's hyperparameters."""
         ...
 
-    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
-        """Compile the current splits on JAX; records a CompileEvent."""
+
+@runtime_checkable
+class RunnableContext(LlamaContextView, Protocol):
+    """What the JAX runtime (:mod:`toolkit.jaxrt.runtime`) reads of a llama context to run it:
+    the model and memory it placed, the graph builder, and the holder its compilations are recorded in."""
+
+    @property
+    def setup(self) -> LlamaSetup:
+        """The model placement, KV cache and resolved params (``llama_context``'s model and memory)."""
         ...
 
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
-        """Logits for tokens of sequence ``seq_id`` appended to the KV cache (runs on JAX)."""
+    @property
+    def gguf_path(self) -> str | None:
+        """The GGUF file the context was made from (its weights), or None for a description only."""
+        ...
+
+    @property
+    def holder(self) -> SchedulerHolder:
+        """The scheduler and its events (``record_compile`` appends a CompileEvent)."""
+        ...
+
+    def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
+                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:
+        """Reset the scheduler and build the graph of a ubatch, pins applied (``llama_context::graph_get_cb``)."""
         ...
 
 
@@ -387,28 +405,6 @@ class Context:
         if key == "parallel":
             return self.pipeline_parallel
         return getattr(self.cparams, key, None)
-
-    # ---- execution (the JAX runtime, loaded on demand) ------------------------------------------
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
-        """Run tokens of sequence ``seq_id`` through the scheduled graph on JAX: logits
-        ``[n_tokens, n_vocab]`` (:func:`toolkit.jaxrt.decode`). With ``n_seq_max`` > 1 each sequence
-        has its own KV stream (llama.cpp's default, ``kv_unified=False``) and positions."""
-        # lazy: the runtime imports jax; planning never needs it
-        from toolkit.jaxrt import runtime
-        return runtime.decode(self, tokens, last_only=last_only, seq_id=seq_id)
-
-    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
-        """Compile every split for its device (:func:`toolkit.jaxrt.compile_splits`); a
-        :class:`~toolkit.reuse.CompileEvent` records it."""
-        from toolkit.jaxrt import runtime  # lazy: imports jax
-        info = runtime.compile_splits(self, n_tokens)
-        self.holder.record_compile(info)
-        return info
-
-    def generate(self, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
-        """Greedy generation on JAX in sequence ``seq_id`` (:func:`toolkit.jaxrt.generate`)."""
-        from toolkit.jaxrt import runtime  # lazy: imports jax
-        return runtime.generate(self, prompt_ids, n, seq_id)
 
     def __repr__(self) -> str:
         p = self.sched_params_cur

@@ -28,10 +28,10 @@ import plotly.graph_objects as go
 import traitlets
 
 from toolkit.compare import EventDiff, compare, default_pair
-from toolkit.context import LlamaContextView
-from toolkit.errors import ParameterError, ToolkitError
+from toolkit.context import LlamaContextView, RunnableContext
+from toolkit.errors import ParameterError, ToolkitError, UnsupportedFeature
 from toolkit.reuse import ContextView
-from toolkit.sched.explain import NodeExplanation
+from toolkit.sched.explain import NodeExplanation, explain
 from toolkit.trace.api import Traced
 from toolkit.trace.session import TracedContext
 from toolkit.ui import figures
@@ -484,7 +484,7 @@ class Dashboard:
                 self.inspected = None
                 self.inspect.value = tensor_html(plan, node)
                 return None
-            e = plan.explain(node if isinstance(node, str) else int(node))   # plotly may hand numpy numbers
+            e = explain(plan, node if isinstance(node, str) else int(node))   # plotly may hand numpy numbers
         except ValueError as err:
             self.inspect.value = f"<span class='toolkit-inspect-error'>{html.escape(str(err))}</span>"
             return None
@@ -592,17 +592,19 @@ class Dashboard:
             self._run_traced(self.ctx)
             return
         ctx = self.ctx
-        assert isinstance(ctx, LlamaContextView)
         try:
+            if not isinstance(ctx, RunnableContext):
+                raise UnsupportedFeature("runtime", f"a {type(ctx).__name__} has no model setup to run on JAX")
             t0 = time.perf_counter()
+            from toolkit.jaxrt import runtime  # jax loads here
             if what == "compile":
-                # Context.compile records a CompileEvent (the timeline's hover shows it); jax loads here
-                info = ctx.compile()
+                # compile_splits records a CompileEvent (the timeline's hover shows it)
+                info = runtime.compile_splits(ctx)
                 out = (f"{info.get('compiled', '?')} split(s) compiled, {info.get('cache_hits', '?')} cache hit(s), "
                        f"XLA {info.get('compile_ms', 0.0):.1f} ms")
             else:
                 tokens = [int(t) for t in self.tokens.value.replace(",", " ").split()]
-                out = _summary(ctx.decode(tokens))
+                out = _summary(runtime.decode(ctx, tokens))
             ms = (time.perf_counter() - t0) * 1000
             self.runtime.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
         except Exception as e:
