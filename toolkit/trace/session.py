@@ -38,7 +38,8 @@ from toolkit.sched import Scheduler, hash_size
 from toolkit.trace.schedule import Schedule, auto_max_nodes
 
 if TYPE_CHECKING:
-    from toolkit.trace.api import Traced, TracedGraph
+    from toolkit.trace.api import Traced
+    from toolkit.trace.convert import TracedGraph
 
 # what update() accepts (the dashboard's controls that make sense for a traced graph)
 UPDATE_FIELDS = ("max_nodes", "parallel", "op_offload", "devices", "budget_mib", "placement")
@@ -332,13 +333,7 @@ class TracedContext:
         if self._schedule is not None and self._schedule[0] == key and self._schedule[1].scheduler is self.scheduler:
             return self._schedule[1]
         tg = self.build()
-        ok = self.scheduler.alloc_graph(tg.graph)
-        plan = self.scheduler.plan()
-        node_backend = [0] * tg.graph.n_nodes
-        for p in plan.nodes:
-            node_backend[p.index] = p.backend_id
-        splits = [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits]
-        sch = Schedule(self.traced, tg, list(self.backends), node_backend, splits, self.scheduler, plan, ok)
+        sch = Schedule.of(self.traced, tg, self.scheduler, self.scheduler.alloc_graph(tg.graph))
         self._schedule = (key, sch)
         return sch
 
