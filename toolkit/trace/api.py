@@ -138,10 +138,10 @@ class Traced:
     # ---- placement -------------------------------------------------------------------------
     def place(self, backends: Sequence[Backend], placement: PlacementSpec = None) -> Traced:
         """Put every parameter in a WEIGHTS buffer of the backend the placement picks."""
-        if placement is not None:
-            self.placement = placement
-        self.backends = list(backends)
-        self.weight_backend = resolve(self.placement, self.param_paths, self.param_values, self.backends)
+        spec = self.placement if placement is None else placement
+        # resolved first: a placement the backends cannot take raises with this object unchanged
+        where = resolve(spec, self.param_paths, self.param_values, list(backends))
+        self.placement, self.backends, self.weight_backend = spec, list(backends), where
         self.weight_buffers = place_weights(self.weights, self.weight_backend, self.backends)
         return self
 
