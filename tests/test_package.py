@@ -43,3 +43,14 @@ def test_public_api_lists_every_lazy_name_and_each_resolves() -> None:
     assert toolkit.Context is Context and toolkit.SchedParams is SchedParams and toolkit.ToolkitError is ToolkitError
     assert set(toolkit.__all__) <= set(dir(toolkit))
 
+
+def test_no_import_cycle_inside_the_package() -> None:
+    """No module of toolkit reaches itself through its imports: for every direct import a -> b, no chain
+    of imports leads from b back to a. Function-level (lazy) and TYPE_CHECKING imports count: a cycle
+    hidden in a function still means code in the wrong layer."""
+    import grimp
+
+    g = grimp.build_graph("toolkit", include_external_packages=False)
+    cycles = sorted({tuple(sorted((a, b))) for a in g.modules for b in g.find_modules_directly_imported_by(a)
+                     if a != b and g.chain_exists(importer=b, imported=a)})
+    assert cycles == []

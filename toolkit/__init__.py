@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from toolkit.version import __version__ as __version__
 
 # public name -> the module that defines it (imported on first access, PEP 562)
 _LAZY: dict[str, str] = {

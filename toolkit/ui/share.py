@@ -97,7 +97,7 @@ table { border-collapse: collapse; font-size: 12px; } td { border: 1px solid #88
 def report_html(sections: Sequence[Section], title: str = "toolkit report",
                 meta: Mapping[str, str] | None = None) -> str:
     """The whole report as one HTML string (plotly.js inline)."""
-    from toolkit import __version__
+    from toolkit.version import __version__
 
     info = {"toolkit": __version__, "written": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             **(meta or {})}
