@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from toolkit.args import parse_args  # noqa: E402
 from toolkit.fit import fit_params  # noqa: E402
 from toolkit.models import presets  # noqa: E402
-from toolkit.models.args import parse_args  # noqa: E402
 
 CASES = [
     ("llama3_8b", ["--device", "sim:8G", "-fa", "on"]),

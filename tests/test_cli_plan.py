@@ -20,8 +20,8 @@ from oracle_cases import DATA
 from oracle_cases import cases as oracle_cases
 
 from toolkit import cli
+from toolkit.args import model_from_dict
 from toolkit.errors import UnsupportedFeature
-from toolkit.models.args import model_from_dict
 
 ROW = re.compile(r"\|\s+- (\S+) \(.*?\)\s*\|\s*(\d+) = (\d+) \+")
 FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes", "kv_bytes",

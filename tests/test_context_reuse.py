@@ -6,7 +6,8 @@ import pytest
 from oracle_cases import case
 
 from toolkit.backend import Buffer
-from toolkit.context import Context, context_from_case
+from toolkit.cases import context_from_case
+from toolkit.context import Context
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.tensor import BufferUsage
 from toolkit.models import ContextParams, presets
@@ -199,12 +200,12 @@ def test_caller_backends_are_not_mutated() -> None:
 
 def test_both_contexts_are_read_through_the_view_protocol() -> None:
     """The dashboard and the runtime read contexts through ContextView; a llama context also offers
-    its params and the runtime's entry points (LlamaContextView), a traced one does not."""
-    from toolkit.context import LlamaContextView
+    its params (LlamaContextView) and what the JAX runtime reads to run it (RunnableContext)."""
+    from toolkit.context import LlamaContextView, RunnableContext
     from toolkit.reuse import ContextView
 
     ctx = _tiny()
-    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView)
+    assert isinstance(ctx, ContextView) and isinstance(ctx, LlamaContextView) and isinstance(ctx, RunnableContext)
     assert ctx.sched_params_req == ctx.events[-1].params and ctx.compile_events == []
     assert not isinstance(object(), ContextView)
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from toolkit import cli
+from toolkit.args import model_from_dict, parse_args
 from toolkit.errors import UnsupportedFeature
 from toolkit.fit import FitImpossible, Fitted, fit_params, overflow_pattern, real_run
 from toolkit.fit.cases import fit_case, memory_from_inputs
 from toolkit.memory import DeviceMemory, MiB, device_memory
 from toolkit.models import presets
-from toolkit.models.args import model_from_dict, parse_args
 from toolkit.models.hparams import SUPPORTED_ARCHS
 
 DATA = Path(__file__).resolve().parent / "data"

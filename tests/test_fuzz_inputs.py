@@ -16,10 +16,10 @@ from fuzzcount import TRIED, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from toolkit.args import FLAG_NAMES, parse_args
 from toolkit.context import Context
 from toolkit.errors import ToolkitError
 from toolkit.models import ContextParams
-from toolkit.models.args import FLAG_NAMES, parse_args
 
 VALUES = st.one_of(
     st.sampled_from([0, -1, 1, 2, 7, 255, 256, 257, 512, 4096, 10**6, 10**9, 10**12, 2**31, 2**32, 2**63, -(2**63)]),
@@ -124,12 +124,12 @@ FLAG_VALUES = st.one_of(
 def test_cli_argument_parsing_fuzz(argv: list[str]) -> None:
     """llama.cpp's flag grammar: any argument vector parses (and gives ContextParams) or raises a
     ToolkitError naming the flag (or the stray argument) it could not take."""
-    TRIED["llama.cpp flags (toolkit.models.args)"] += 1
+    TRIED["llama.cpp flags (toolkit.args)"] += 1
     try:
         parse_args(["-m", "tiny", *argv]).context_params()
-        outcome("llama.cpp flags (toolkit.models.args)", "parsed")
+        outcome("llama.cpp flags (toolkit.args)", "parsed")
     except ToolkitError as e:
-        outcome("llama.cpp flags (toolkit.models.args)", f"refused: {type(e).__name__}")
+        outcome("llama.cpp flags (toolkit.args)", f"refused: {type(e).__name__}")
         named = [a for a in argv if a and a.split("=")[0] in str(e)]
         assert named or "argument" in str(e), f"{argv}: the message names no flag: {e}"
 

@@ -1,4 +1,4 @@
-"""Compile cache, XLA analyses, devices, the Context entry points and the ``run`` CLI."""
+"""Compile cache, XLA analyses, devices, running a Context (decode, generate, compile_splits) and the ``run`` CLI."""
 
 from __future__ import annotations
 
@@ -207,10 +207,20 @@ def test_context_from_gguf_path_runs_its_weights_and_compile_is_an_event(gguf_pa
     ctx = Context(gguf_path, explicit.cparams, parallel=False)
     assert ctx.gguf_path == gguf_path
     toks = [1, 2, 3]
-    np.testing.assert_array_equal(np.asarray(ctx.decode(toks)), np.asarray(explicit.decode(toks)))
+    np.testing.assert_array_equal(decode(ctx, toks), decode(explicit, toks))
     n_reserves = len(ctx.events)
-    info = ctx.compile()
+    info = compile_splits(ctx)
     assert len(ctx.events) == n_reserves                     # compiling is not a reserve ...
     ce = ctx.compile_events[-1]                              # ... it is an event of its own
     assert ce.reserve_index == ctx.events[-1].index and ce.compiled + ce.cache_hits == ctx.scheduler.n_splits
     assert info["splits"] and len(info["splits"]) == ctx.scheduler.n_splits
+
+
+def test_a_context_is_run_by_the_runtime_functions_and_keeps_no_forwarder() -> None:
+    import toolkit
+    from toolkit.context import RunnableContext
+
+    assert (toolkit.decode, toolkit.generate, toolkit.compile_splits) == (decode, generate, compile_splits)
+    assert toolkit.jaxrt.runtime_of is runtime_of
+    assert not [n for n in ("decode", "compile", "generate") if hasattr(Context, n)]
+    assert isinstance(Context(HP, ContextParams(n_ctx=256, n_gpu_layers=0)), RunnableContext)

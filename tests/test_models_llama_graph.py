@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from oracle_cases import DUMPS, case, debug_case_ids, fmt_size, parse_dump
 
+from toolkit.cases import cparams_from_case
 from toolkit.ggml.tensor import is_view_op
 from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.archs import builder_class
@@ -17,7 +18,7 @@ from toolkit.models.loader import load_model, make_kv_cache, make_memory
 def _builder(case_id: str) -> GraphBuilder:
     c = case(case_id)
     hp = LlamaHParams.from_dict(c["model"])
-    cp = ContextParams.from_dict(c["cparams"])
+    cp = cparams_from_case(c["cparams"])
     rp = cp.resolve(hp.n_ctx_train)
     fa = bool(c["observed"]["flash_attn_effective"])
     ds = make_devices(cp.devices, split_mode=cp.split_mode)

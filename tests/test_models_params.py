@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from oracle_cases import cases
 
+from toolkit.cases import cparams_from_case
 from toolkit.errors import ParameterError
 from toolkit.models import ContextParams, LlamaHParams, presets
 
@@ -13,7 +14,7 @@ from toolkit.models import ContextParams, LlamaHParams, presets
 def test_effective_values_match_llama_context_log(c: dict) -> None:
     eff = c["cparams"]["effective_from_log"]
     hp = LlamaHParams.from_dict(c["model"])
-    rp = ContextParams.from_dict(c["cparams"]).resolve(hp.n_ctx_train)
+    rp = cparams_from_case(c["cparams"]).resolve(hp.n_ctx_train)
     assert (rp.n_ctx, rp.n_ctx_seq, rp.n_batch, rp.n_ubatch, rp.n_seq_max, rp.n_outputs_max,
             rp.n_outputs_max_per_seq) == (eff["n_ctx"], eff["n_ctx_seq"], eff["n_batch"], eff["n_ubatch"],
                                           eff["n_seq_max"], eff["n_outputs_max"], eff["n_outputs_max_per_seq"])
@@ -61,13 +62,13 @@ def test_replace_rejects_unknown_fields() -> None:
         ContextParams().replace(n_ctxx=5)
 
 
-def test_from_dict_reads_the_case_schema() -> None:
+def test_cparams_from_case_reads_the_case_schema() -> None:
     c = next(c for c in cases() if c["cparams"]["tensor_split"] == "3,1")
-    cp = ContextParams.from_dict(c["cparams"])
+    cp = cparams_from_case(c["cparams"])
     assert cp.tensor_split == (3.0, 1.0)
     assert cp.devices == ("rpc:127.0.0.1:50052", "rpc:127.0.0.1:50053")
     assert cp.split_mode == "layer"
-    assert ContextParams.from_dict({**c["cparams"], "cli_args": ["--no-mmap"]}).use_mmap is False
+    assert cparams_from_case({**c["cparams"], "cli_args": ["--no-mmap"]}).use_mmap is False
 
 
 def test_hparams_from_oracle_model_dict() -> None:

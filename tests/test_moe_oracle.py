@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from oracle_cases import parse_dump, parse_splits
 
-from toolkit.context import context_from_case, plan_case
+from toolkit.cases import context_from_case, plan_case
 
 DATA = Path(__file__).resolve().parent / "data"
 DUMPS = DATA / "sched-debug-moe"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from oracle_cases import DUMPS, case, cases, debug_case_ids, parse_dump, parse_splits
 
-from toolkit.context import context_from_case, plan_case
+from toolkit.cases import context_from_case, plan_case
 
 FIELDS = ("graph_nodes", "graph_splits", "graph_splits_tg", "compute_buffers_bytes", "kv_bytes", "n_copies",
           "pipeline_parallel", "model_buffers_bytes", "output_buffer_bytes", "kv_buffers_bytes", "max_nodes",

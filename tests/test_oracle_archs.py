@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from oracle_cases import arch_cases, case
 
-from toolkit.context import plan_case
+from toolkit.cases import plan_case
 from toolkit.errors import UnsupportedFeature
 from toolkit.models import LlamaHParams
 
@@ -94,7 +94,7 @@ def test_real_model_n_tensors_and_max_nodes(preset: str, devices: tuple[str, ...
 def test_reserve_event_lists_both_kv_caches() -> None:
     """gemma3 with -ngl 2: the global layer's cache on RPC, the SWA cache on the CPU, each in its own
     memory group (llama.cpp logs one KV buffer line per cache); the totals are the oracle's per-buffer bytes."""
-    from toolkit.context import context_from_case
+    from toolkit.cases import context_from_case
 
     c = case("rpc1-tiny_gemma3_f32-ngl2-oo1-c1024-b2048-ub512-faon")
     ev = context_from_case(c).events[-1]

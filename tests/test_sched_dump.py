@@ -63,7 +63,7 @@ def test_dump_of_llama_reserve_is_a_block_of_the_llama_log() -> None:
     """Every sched-debug log: the last reserve's listing appears verbatim in llama.cpp's log."""
     import json
 
-    from toolkit.context import context_from_case
+    from toolkit.cases import context_from_case
 
     cases_path = ORACLE.parent.parent / "cases.json"
     cases = {c["id"]: c for c in json.loads(cases_path.read_text())}

@@ -1,4 +1,4 @@
-"""plan.explain(node) on a hand-built graph whose placements are worked out by hand below.
+"""explain(plan, node) on a hand-built graph whose placements are worked out by hand below.
 
 Backends: a CUDA-like GPU (its own buffer type only, op offload from a batch of 32) and the CPU.
 Graph: x (input, 16x64) -> h = mul_mat(w0 on GPU, x) -> a = silu(h) -> o = mul_mat(w1 on CPU, a)
@@ -35,7 +35,7 @@ def hand_plan(op_offload: bool) -> Plan:
 
 
 def test_weight_rule_names_the_weight_and_the_input_copy() -> None:
-    e = hand_plan(True).explain("h")
+    e = explain(hand_plan(True), "h")
     assert (e.node.op, e.node.backend, e.cause, e.pass_name) == ("MUL_MAT", "CUDA0", Cause.WEIGHT, "pass 1")
     assert e.node.ne == (16, 64, 1, 1) and e.node.nbytes == 16 * 64 * 4
     assert e.followed == ("w0",)
@@ -45,10 +45,10 @@ def test_weight_rule_names_the_weight_and_the_input_copy() -> None:
 
 
 def test_op_offload_and_its_absence() -> None:
-    on = hand_plan(True).explain("o")
+    on = explain(hand_plan(True), "o")
     assert (on.node.backend, on.cause, on.followed) == ("CUDA0", Cause.OP_OFFLOAD, ("w1",))
     assert on.copies_in == ("CUDA0#w1#0",)
-    off = hand_plan(False).explain("o")
+    off = explain(hand_plan(False), "o")
     assert (off.node.backend, off.cause, off.followed) == ("CPU", Cause.WEIGHT, ("w1",))
     assert off.copies_in == ("CPU#a#0",)
     assert [(s.name, s.backend) for s in off.sources] == [("w1", ""), ("a", "CUDA0")]
@@ -56,31 +56,31 @@ def test_op_offload_and_its_absence() -> None:
 
 def test_expansion_names_its_neighbour_and_the_copy_of_its_output() -> None:
     p = hand_plan(False)
-    a = p.explain("a")
+    a = explain(p, "a")
     assert (a.cause, a.pass_name) == (Cause.EXPAND_DOWN, "pass 2")
     assert a.followed == ("h (node #0, CUDA0)",)
     assert [(c.backend, c.nbytes) for c in a.copies_out] == [("CPU", 16 * 64 * 4)]
     assert a.alloc is not None and a.alloc.inplace_of == "h"     # SILU runs in place of its input
-    r = p.explain(3)
+    r = explain(p, 3)
     assert (r.node.name, r.node.backend, r.followed) == ("r", "CPU", ("o (node #2, CPU)",))
 
 
 def test_lifetime_and_offset_come_from_the_allocator() -> None:
     p = hand_plan(False)
-    e = p.explain("o")
+    e = explain(p, "o")
     a = next(t for t in p.allocs if t.name == "o")
     assert e.alloc == a and a.first <= a.last
     text = e.to_text()
     assert f"offset {a.offset:,}" in text and "cause: weight (pass 1)" in text and "followed: w1" in text
 
 
-def test_plan_explain_delegates_and_bad_names_are_typed() -> None:
+def test_a_node_is_found_by_name_or_index_and_bad_names_are_typed() -> None:
     p = hand_plan(True)
-    assert p.explain("r") == explain(p, "r") == explain(p, 3)
+    assert explain(p, "r") == explain(p, 3) == explain(p, next(n for n in p.nodes if n.name == "r"))
     with pytest.raises(ValueError, match="'nope'"):
-        p.explain("nope")
+        explain(p, "nope")
     with pytest.raises(ValueError, match="node=99"):
-        p.explain(99)
+        explain(p, 99)
 
 
 def test_parse_copy_name() -> None:

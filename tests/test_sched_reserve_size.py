@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from oracle_cases import case, cases
 
-from toolkit.context import Context, context_from_case
+from toolkit.cases import context_from_case
+from toolkit.context import Context
 
 SIZED = [c["id"] for c in cases() if c["observed"].get("graph_only_alloc_bytes") and c["observed"]["rc"] == 0]
 

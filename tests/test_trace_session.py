@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from toolkit.errors import ParameterError
 from toolkit.reuse import GraphRecord, SchedParams
 from toolkit.sched import hash_size
 from toolkit.trace import trace
@@ -169,6 +170,28 @@ def test_bad_input_raises_and_keeps_state(change: dict[str, Any], words: list[st
     # and the context still works: the next change follows the rule from the kept scheduler
     assert ctx.update(max_nodes=512).decision == "reused"
     assert ctx.run()["max_abs_diff"] < 1e-5
+
+
+def test_devices_without_a_backend_the_placement_names_are_refused_by_name() -> None:
+    """Weights on backend index 2, then the CPU alone (devices=[]): the placement cannot be kept, and the
+    error is the new devices' (a ParameterError naming devices, the value and what is accepted); the
+    placement, backends and scheduler stay as they were. (Found by tests/test_fuzz_inputs.py.)"""
+    ctx = make_ctx()
+    ctx.update(placement=2)
+    assert set(ctx.traced.where().values()) == {"CPU"} and ctx.traced.weight_backend == [2, 2, 2, 2]
+    before, n = state(ctx), len(ctx.events)
+    for devices in ([], "cpu", "sim:1"):
+        with pytest.raises(ParameterError) as err:
+            ctx.update(devices=devices)
+        e = err.value
+        assert (e.param, e.value) == ("devices", devices)
+        assert e.accepted == "devices with a backend for every weight the placement 2 puts on one"
+        assert str(e).startswith(f"devices={devices!r} is not accepted: expected devices with a backend")
+        n_new = 1 if devices != "sim:1" else 2
+        assert f"backend index 2 out of range for {n_new} backends" in str(e)
+        assert state(ctx) == before and ctx.traced.weight_backend == [2, 2, 2, 2]
+    assert len(ctx.events) == n + 3 and {ev.decision for ev in ctx.events[n:]} == {"error"}
+    assert ctx.update(devices="cpu", placement=-1).decision == "rebuilt"   # both at once: accepted
 
 
 def test_min_max_nodes_is_the_limit_for_a_new_scheduler() -> None:

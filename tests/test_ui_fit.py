@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.args import load_model_arg
 from toolkit.errors import ParameterError
 from toolkit.fit import FitImpossible
 from toolkit.models import presets
-from toolkit.models.args import load_model_arg
 from toolkit.ui import figures, text
 from toolkit.ui.fitpanel import FitPanel, fit_args
 

@@ -1,9 +1,10 @@
 """toolkit: see and try how llama.cpp's backend scheduler splits, sizes and reuses.
 
 ``import toolkit`` is cheap: the pure core (scheduler, contexts, events, errors) loads on first
-use of a name, and the JAX runtime (``toolkit.jaxrt``), the dashboard (``toolkit.dashboard``) and
-the JAX-function tracer (``toolkit.trace(f, *args, params=...)``) only when used — none of jax,
-plotly or ipywidgets is imported by ``import toolkit``.
+use of a name, and the JAX runtime (``toolkit.jaxrt``: ``toolkit.decode(ctx, tokens)``,
+``toolkit.generate(ctx, prompt_ids, n)``, ``toolkit.compile_splits(ctx)``), the dashboard
+(``toolkit.dashboard``) and the JAX-function tracer (``toolkit.trace(f, *args, params=...)``) only
+when used — none of jax, plotly or ipywidgets is imported by ``import toolkit``.
 
 >>> import toolkit
 >>> ctx = toolkit.Context("tiny", toolkit.ContextParams(n_ctx=256, n_gpu_layers=0))
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from toolkit.version import __version__ as __version__
 
 # public name -> the module that defines it (imported on first access, PEP 562)
 _LAZY: dict[str, str] = {
@@ -42,23 +43,28 @@ _LAZY: dict[str, str] = {
     "AllocationError": "toolkit.errors",
     "GGUFError": "toolkit.errors",
     "UnsupportedFeature": "toolkit.errors",
-    # heavy: jax (trace, TracedContext), plotly + ipywidgets (dashboard)
+    # heavy: jax (running a context, trace, TracedContext), plotly + ipywidgets (dashboard)
+    "decode": "toolkit.jaxrt.runtime",
+    "generate": "toolkit.jaxrt.runtime",
+    "compile_splits": "toolkit.jaxrt.runtime",
     "TracedContext": "toolkit.trace.session",
     "dashboard": "toolkit.ui.dashboard",
 }
-# toolkit.trace is a callable package: toolkit.trace(f, *args)
-_LAZY_MODULES = {"trace": "toolkit.trace"}
+# toolkit.trace is a callable package: toolkit.trace(f, *args); toolkit.jaxrt the runtime (toolkit.jaxrt.runtime_of(ctx))
+_LAZY_MODULES = {"jaxrt": "toolkit.jaxrt", "trace": "toolkit.trace"}
 
 __all__ = [
     "AllocationError", "Assignment", "BufferSize", "CompileEvent", "Context", "ContextParams", "ContextView",
     "GGUFError", "LlamaHParams", "ParameterError", "Plan", "Reason", "ReserveEvent", "SchedParams", "Scheduler",
-    "SchedulerHolder", "ToolkitError", "TracedContext", "UnsupportedFeature", "dashboard", "trace",
+    "SchedulerHolder", "ToolkitError", "TracedContext", "UnsupportedFeature", "compile_splits", "dashboard", "decode",
+    "generate", "jaxrt", "trace",
 ]
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
-    from toolkit import trace
+    from toolkit import jaxrt, trace
     from toolkit.context import Context
     from toolkit.errors import AllocationError, GGUFError, ParameterError, ToolkitError, UnsupportedFeature
+    from toolkit.jaxrt.runtime import compile_splits, decode, generate
     from toolkit.models.cparams import ContextParams
     from toolkit.models.hparams import LlamaHParams
     from toolkit.reuse import BufferSize, CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder

@@ -113,10 +113,9 @@ def split_tool_options(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
-    from toolkit.context import plan_case
+    from toolkit.args import parse_args
+    from toolkit.cases import load_cases, log_lines, plan_case
     from toolkit.fit.plan import plan_args
-    from toolkit.models.args import parse_args
-    from toolkit.models.cases import load_cases, log_lines
     opts, rest = split_tool_options(argv)
     if "cases" not in opts:
         made: list[Any] = []
@@ -149,9 +148,9 @@ def cmd_plan(argv: Sequence[str]) -> int:
 
 
 def cmd_fit(argv: Sequence[str]) -> int:
+    from toolkit.args import load_model_arg, parse_args
     from toolkit.fit import fit_params, fit_print, real_run
     from toolkit.fit.cases import fit_case
-    from toolkit.models.args import load_model_arg, parse_args
     opts, rest = split_tool_options(argv)
     if "cases" in opts:
         cases = json.loads(Path(opts["cases"]).read_text())
@@ -197,8 +196,7 @@ def cmd_fit(argv: Sequence[str]) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from toolkit.context import context_from_case
-    from toolkit.models.cases import load_cases
+    from toolkit.cases import context_from_case, load_cases
     found = [c for c in load_cases(args.case) if c.get("id") == args.id or args.id is None]
     if not found:
         print(f"error: no case with id {args.id!r} in {args.case}", file=sys.stderr)

@@ -27,11 +27,10 @@ from typing import Any, Protocol, runtime_checkable
 from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.backend.host import check_host_bytes
-from toolkit.errors import AllocationError, ParameterError, ToolkitError
+from toolkit.errors import AllocationError, ParameterError
 from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
-from toolkit.models.cases import summary
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, N_CTX_PAD
 from toolkit.models.devices import describe_picker
 from toolkit.models.llama import LlamaGraph
@@ -49,7 +48,7 @@ from toolkit.reuse import (
 from toolkit.sched import Scheduler
 from toolkit.view import ContextSettings, Control, ModelSettings, Runtime, device_controls, scheduler_controls
 
-__all__ = ["Context", "LlamaContextView", "context_from_case", "memory_groups", "plan_case"]
+__all__ = ["Context", "LlamaContextView", "RunnableContext", "memory_groups"]
 
 _SCHED_FIELDS = ("max_nodes", "parallel")
 _DEVICE_FIELDS = ("devices", "split_mode", "main_gpu")
@@ -63,7 +62,7 @@ N_CTX_OFFERED, N_BATCH_OFFERED = (N_CTX_PAD, 1 << 17), (1, 1 << 13)
 
 @runtime_checkable
 class LlamaContextView(ContextView, Protocol):
-    """A :class:`~toolkit.reuse.ContextView` of a llama model: its params, and the runtime's entry points."""
+    """A :class:`~toolkit.reuse.ContextView` of a llama model: its params."""
 
     @property
     def cparams(self) -> ContextParams:
@@ -75,12 +74,30 @@ class LlamaContextView(ContextView, Protocol):
         """The model's hyperparameters."""
         ...
 
-    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
-        """Compile the current splits on JAX; records a CompileEvent."""
+
+@runtime_checkable
+class RunnableContext(LlamaContextView, Protocol):
+    """What the JAX runtime (:mod:`toolkit.jaxrt.runtime`) reads of a llama context to run it:
+    the model and memory it placed, the graph builder, and the holder its compilations are recorded in."""
+
+    @property
+    def setup(self) -> LlamaSetup:
+        """The model placement, KV cache and resolved params (``llama_context``'s model and memory)."""
         ...
 
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
-        """Logits for tokens of sequence ``seq_id`` appended to the KV cache (runs on JAX)."""
+    @property
+    def gguf_path(self) -> str | None:
+        """The GGUF file the context was made from (its weights), or None for a description only."""
+        ...
+
+    @property
+    def holder(self) -> SchedulerHolder:
+        """The scheduler and its events (``record_compile`` appends a CompileEvent)."""
+        ...
+
+    def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
+                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:
+        """Reset the scheduler and build the graph of a ubatch, pins applied (``llama_context::graph_get_cb``)."""
         ...
 
 
@@ -216,7 +233,7 @@ class Context:
         )
         return ContextSettings(hp.name, controls, ("layer", "split", "none"),
                                ModelSettings(hp.name, hp.n_layer, hp, cp, self.gguf_path),
-                               Runtime(compile=self.compile, decode=self.decode))
+                               Runtime(jax=True))
 
     # ---- graphs --------------------------------------------------------------------------------
     def max_nodes(self) -> int:
@@ -421,28 +438,6 @@ class Context:
             return self.pipeline_parallel
         return getattr(self.cparams, key, None)
 
-    # ---- execution (the JAX runtime, loaded on demand) ------------------------------------------
-    def decode(self, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> Any:
-        """Run tokens of sequence ``seq_id`` through the scheduled graph on JAX: logits
-        ``[n_tokens, n_vocab]`` (:func:`toolkit.jaxrt.decode`). With ``n_seq_max`` > 1 each sequence
-        has its own KV stream (llama.cpp's default, ``kv_unified=False``) and positions."""
-        # lazy: the runtime imports jax; planning never needs it
-        from toolkit.jaxrt import runtime
-        return runtime.decode(self, tokens, last_only=last_only, seq_id=seq_id)
-
-    def compile(self, n_tokens: int | None = None) -> dict[str, Any]:
-        """Compile every split for its device (:func:`toolkit.jaxrt.compile_splits`); a
-        :class:`~toolkit.reuse.CompileEvent` records it."""
-        from toolkit.jaxrt import runtime  # lazy: imports jax
-        info = runtime.compile_splits(self, n_tokens)
-        self.holder.record_compile(info)
-        return info
-
-    def generate(self, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
-        """Greedy generation on JAX in sequence ``seq_id`` (:func:`toolkit.jaxrt.generate`)."""
-        from toolkit.jaxrt import runtime  # lazy: imports jax
-        return runtime.generate(self, prompt_ids, n, seq_id)
-
     def __repr__(self) -> str:
         p = self.sched_params_cur
         return (f"Context({self.hparams.name}, backends=[{', '.join(b.name for b in self.backends)}], "
@@ -471,20 +466,3 @@ def _check_max_nodes(max_nodes: Any) -> int | None:
     return validate.optional_integer("max_nodes", max_nodes, lo=1, hi=validate.UINT32_MAX,
                                      none_means="llama_context::graph_max_nodes")
 
-
-# ---- oracle cases ------------------------------------------------------------------------------
-
-def context_from_case(case: Mapping[str, Any], **kw: Any) -> Context:
-    """The context an oracle case (``{id, model, cparams}``) describes."""
-    hp = LlamaHParams.from_dict(case["model"])
-    cp = ContextParams.from_dict(case["cparams"])
-    return Context(hp, cp, **kw)
-
-
-def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
-    """What llama.cpp printed for a case, under the oracle's names, or ``{"id", "error"}`` when it refuses."""
-    try:
-        ctx = context_from_case(case)
-    except ToolkitError as e:
-        return {"id": case.get("id"), "error": e.llama_text or str(e)}
-    return {"id": case.get("id"), **summary(ctx)}

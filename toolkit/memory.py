@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.args import LlamaArgs
 from toolkit.errors import ParameterError
-from toolkit.models.args import LlamaArgs
 from toolkit.models.devices import make_devices, parse_bytes
 
 MiB = 1 << 20

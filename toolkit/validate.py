@@ -4,7 +4,7 @@ Each check returns the value (normalised where that is lossless, e.g. a numpy in
 or raises :class:`toolkit.errors.ParameterError` naming the parameter, the value and what is
 accepted. Booleans are real booleans: ``"no"`` is not ``False`` and ``True`` is not ``1``.
 Strings such as ``"on"``/``"off"`` are parsed only where llama.cpp's command line takes them
-(:mod:`toolkit.models.args`).
+(:mod:`toolkit.args`).
 
 >>> integer("n_ctx", 4096, lo=0)
 4096

@@ -16,7 +16,7 @@ its widgets from this record alone and never asks which kind of context it holds
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -73,14 +73,13 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class Runtime:
-    """The JAX runtime's entry points a context offers (jax loads on the first call); None: not offered.
+    """What a context can run (jax loads on the first call).
 
-    ``compile``: every split of the current scheduler for its device (``Context.compile``);
-    ``decode``: the logits of a prompt (``Context.decode``); ``run``: the traced function split by
-    split against ``jax.jit`` (``TracedContext.run``)."""
+    ``jax``: the context is a :class:`~toolkit.context.RunnableContext` that the JAX runtime compiles
+    (``toolkit.jaxrt.compile_splits``) and decodes (``toolkit.jaxrt.decode``); ``run``: the traced
+    function split by split against ``jax.jit`` (``TracedContext.run``); neither: nothing to run."""
 
-    compile: Callable[[], Mapping[str, Any]] | None = None
-    decode: Callable[[Sequence[int]], object] | None = None
+    jax: bool = False
     run: Callable[[], Mapping[str, Any]] | None = None
 
 

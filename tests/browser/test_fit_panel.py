@@ -30,9 +30,9 @@ TRACES_JS = """() => {
 
 
 def expected_line(budgets: str) -> str:
+    from toolkit.args import parse_args
     from toolkit.fit import fit_params
     from toolkit.models import presets
-    from toolkit.models.args import parse_args
 
     return fit_params(presets.qwen3_30b_a3b("q8_0"), parse_args(["--device", budgets, "-fa", "on"])).printed
 

@@ -12,11 +12,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from toolkit.args import model_from_dict, parse_args
 from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.fit.impl import fit_params, fit_print
 from toolkit.fit.real import real_run
 from toolkit.memory import MiB, device_memory
-from toolkit.models.args import model_from_dict, parse_args
 
 _TABLE_ROW = re.compile(r"\|\s+- (\S+) \(.*?\)\s*\|\s*(\d+) = (\d+) \+")
 

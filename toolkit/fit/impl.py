@@ -6,11 +6,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toolkit.args import N_GPU_LAYERS_AUTO, LlamaArgs, fit_targets_bytes
 from toolkit.errors import ToolkitError
 from toolkit.fit.probe import Probe, ProbeParams, probe
 from toolkit.fit.result import FitPrint, FitResult, Fitted
 from toolkit.memory import DeviceMemory, MiB, device_memory, strip_budget
-from toolkit.models.args import N_GPU_LAYERS_AUTO, LlamaArgs, fit_targets_bytes
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS
 from toolkit.models.devices import make_devices
 from toolkit.models.hparams import LlamaHParams

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolkit.args import LlamaArgs, load_model_arg
+from toolkit.cases import summary
 from toolkit.errors import ParameterError, ToolkitError, UnsupportedFeature
 from toolkit.fit.impl import fit_params
 from toolkit.fit.probe import default_split
 from toolkit.fit.real import run_params
 from toolkit.memory import breakdown_table, context_breakdown, device_memory
-from toolkit.models.args import LlamaArgs, load_model_arg
-from toolkit.models.cases import summary
 from toolkit.models.hparams import LlamaHParams
 
 
 def plan_args(args: LlamaArgs, model: LlamaHParams | None = None,
               contexts: list[Any] | None = None) -> dict[str, Any]:
-    """What :func:`~toolkit.models.cases.plan_case` returns for a command line, plus ``fit_log_lines``
+    """What :func:`~toolkit.cases.plan_case` returns for a command line, plus ``fit_log_lines``
     (when fit ran), ``fitted`` and ``memory_breakdown`` (when every device's memory is known)."""
     from toolkit.context import Context  # the context layer sits below fit
     hp = model if model is not None else load_model_arg(args.model)

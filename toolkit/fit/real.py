@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.args import LlamaArgs
 from toolkit.fit.impl import override_items
 from toolkit.fit.probe import default_split, probe, real_context
 from toolkit.fit.result import FitResult, Fitted
 from toolkit.memory import DeviceMemory, MemoryRow, MiB, context_breakdown
-from toolkit.models.args import LlamaArgs
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import LlamaHParams
 

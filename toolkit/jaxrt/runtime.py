@@ -8,9 +8,10 @@ applied), ``alloc_graph`` (which rotates the input copies under pipeline paralle
 the inputs, compute the splits. Ubatches are dispatched without waiting, and logits are
 read once at the end, so with pipeline parallelism the devices overlap.
 
-The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` take a
-``toolkit.context.Context``; the runtime keeps each context's :class:`ContextRuntime` itself
-(:func:`runtime_of`, a ``WeakKeyDictionary`` keyed by the context), so nothing is parked on the context.
+The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` are how a context
+runs: they take a :class:`~toolkit.context.Context` (any :class:`~toolkit.context.RunnableContext`);
+the runtime keeps each context's :class:`ContextRuntime` itself (a ``WeakKeyDictionary`` keyed by the context,
+:func:`runtime_of`), so nothing is parked on the context, and the context never imports the runtime.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from toolkit import validate
 from toolkit.backend import Backend
-from toolkit.context import Context
+from toolkit.context import RunnableContext
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml.tensor import Tensor
 from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
@@ -313,13 +314,13 @@ class ContextRuntime:
         return DecodeLog(n_tokens, [ps.summary() for ps in prepared])
 
 
-# ---- the Context-facing functions -----------------------------------------------------------
+# ---- running a context -------------------------------------------------------------------
 
 # each context's runtime and the setup it was made for (a new setup: new weights and KV cache)
-_RUNTIMES: weakref.WeakKeyDictionary[Context, tuple[Any, ContextRuntime]] = weakref.WeakKeyDictionary()
+_RUNTIMES: weakref.WeakKeyDictionary[RunnableContext, tuple[Any, ContextRuntime]] = weakref.WeakKeyDictionary()
 
 
-def load_weights(ctx: Context, path: Any = None) -> None:
+def load_weights(ctx: RunnableContext, path: Any = None) -> None:
     """Attach a GGUF file's weights to the context's weight tensors (default: the file it was made from);
     ``path`` may also be a GGUFModel from ``read_gguf``, so that the file is parsed once."""
     path = path or ctx.gguf_path
@@ -331,7 +332,7 @@ def load_weights(ctx: Context, path: Any = None) -> None:
         st.model.output.data = st.model.tensors["token_embd.weight"].data
 
 
-def runtime_of(ctx: Context) -> ContextRuntime:
+def runtime_of(ctx: RunnableContext) -> ContextRuntime:
     """The context's runtime, made on first use and again when the context re-created its model
     and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached."""
     st = ctx.setup
@@ -366,22 +367,27 @@ def runtime_of(ctx: Context) -> ContextRuntime:
     return rt
 
 
-def decode(ctx: Context, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> np.ndarray:
-    """``Context.decode``: logits [n_tokens, n_vocab] for tokens of sequence ``seq_id`` appended to the
-    context's KV cache (``last_only``: just the last token's row, [n_vocab])."""
+def decode(ctx: RunnableContext, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> np.ndarray:
+    """Run tokens of sequence ``seq_id`` through the context's scheduled graph on JAX: logits
+    ``[n_tokens, n_vocab]``, the tokens appended to the KV cache (``last_only``: just the last token's
+    row, ``[n_vocab]``). With ``n_seq_max`` > 1 each sequence has its own KV stream (llama.cpp's
+    default, ``kv_unified=False``) and positions."""
     logits = runtime_of(ctx).decode(tokens, seq_id)
     return logits[-1] if last_only else logits
 
 
-def generate(ctx: Context, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
-    """``Context.generate``: n greedy tokens after the prompt, in sequence ``seq_id``."""
+def generate(ctx: RunnableContext, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
+    """n greedy tokens after the prompt, in sequence ``seq_id`` of the context's KV cache."""
     return runtime_of(ctx).generate(prompt_ids, n, seq_id)
 
 
-def compile_splits(ctx: Context, n_tokens: int | None = None) -> dict[str, Any]:
-    """Compile the splits of the context's current scheduler for a ubatch of n_tokens (default n_ubatch);
-    returns ``{"compiled", "cache_hits", "compile_ms", "splits"}`` for a ReserveEvent's ``compile`` field."""
+def compile_splits(ctx: RunnableContext, n_tokens: int | None = None) -> dict[str, Any]:
+    """Compile the splits of the context's current scheduler for a ubatch of n_tokens (default n_ubatch),
+    each for its device; a :class:`~toolkit.reuse.CompileEvent` on the context records it. Returns
+    ``{"compiled", "cache_hits", "compile_ms", "splits"}``."""
     rt = runtime_of(ctx)
     log = rt.precompile(n_tokens or rt.n_ubatch)
-    return {"compiled": log.compiled, "cache_hits": len(log.splits) - log.compiled,
+    info = {"compiled": log.compiled, "cache_hits": len(log.splits) - log.compiled,
             "compile_ms": round(log.compile_ms, 3), "splits": log.splits}
+    ctx.holder.record_compile(info)
+    return info

@@ -12,7 +12,6 @@ limit for input llama.cpp would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -127,43 +126,6 @@ class ContextParams:
             n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=self.n_seq_max,
             n_stream=1 if self.kv_unified else self.n_seq_max, n_outputs_max=n_outputs_max,
             type_k=GGMLType.parse(self.type_k), type_v=GGMLType.parse(self.type_v), source=self,
-        )
-
-    # ---- the oracle's cases.json schema ------------------------------------------------------
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ContextParams:
-        """From a case's ``cparams``: its ``cli_args`` through llama.cpp's flag grammar
-        (:func:`toolkit.models.args.parse_args`, with the case's ``env``) when present, else the
-        requested values (``rpc_servers`` become RPC devices)."""
-        if d.get("cli_args"):
-            from toolkit.models.args import parse_args
-            env = dict(d.get("env") or {})
-            if d.get("forced_pipeline_parallel_env"):   # the same switch, recorded without the env
-                env["ORACLE_FORCE_PP"] = "1"
-            return parse_args([str(a) for a in d["cli_args"]], env=env).context_params()
-        ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
-        split = str(d.get("split_mode", "layer")).split()[0]
-        ts = d.get("tensor_split")
-        if isinstance(ts, str):
-            ts = tuple(float(x) for x in ts.replace("/", ",").split(",") if x.strip())
-        devices: list[str] = [f"rpc:{ep}" for ep in d.get("rpc_servers", ())]
-        devices += [str(x) for x in d.get("extra_devices", ())]
-        load_mode = str(d.get("load_mode") or "mmap").lower()
-        use_mmap = bool(d.get("use_mmap", True)) and load_mode not in ("none", "no_mmap", "read")
-        return cls(
-            n_ctx=int(d.get("n_ctx", 4096)), n_batch=int(d.get("n_batch", 2048)),
-            n_ubatch=int(d.get("n_ubatch", 512)), n_seq_max=int(d.get("n_seq_max", 1)),
-            flash_attn=d.get("flash_attn", "auto"), type_k=str(d.get("type_k", "f16")),
-            type_v=str(d.get("type_v", "f16")), kv_unified=bool(d.get("kv_unified", False)),
-            offload_kqv=bool(d.get("offload_kqv", True)), op_offload=bool(d.get("op_offload", True)),
-            n_gpu_layers=int(ngl), split_mode=split,  # type: ignore[arg-type]
-            main_gpu=int(d.get("main_gpu", 0)), tensor_split=tuple(ts) if ts else None,
-            devices=tuple(devices), use_mmap=use_mmap,
-            force_pipeline_parallel=bool(
-                d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
-            override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
-            cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
-            swa_full=bool(d.get("swa_full", False)),
         )
 
     def to_dict(self) -> dict[str, Any]:

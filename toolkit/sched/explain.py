@@ -1,13 +1,13 @@
 """Why a node sits where it sits: one node of a :class:`~toolkit.sched.plan.Plan` explained.
 
-``explain(plan, node)`` (also ``plan.explain(node)``) gathers, from the plan's public fields only,
+``explain(plan, node)`` gathers, from the plan's public fields only,
 what a reader asks about one node: what it is (op, name, shape, bytes, backend), which pass of
 ``ggml_backend_sched_split_graph`` placed it and what it followed there (a weight, an input, the
 neighbour an expansion sweep copied, the sources that won the best-inputs vote), its sources and
 the copies the scheduler made for it, and where the graph allocator put it (offset, lifetime).
 
->>> e = ctx.events[-1].plan.explain("ffn_out-0")   # doctest: +SKIP
->>> print(e.to_text())                             # doctest: +SKIP
+>>> e = explain(ctx.events[-1].plan, "ffn_out-0")   # doctest: +SKIP
+>>> print(e.to_text())                              # doctest: +SKIP
 
 Nothing here recomputes a placement: every answer is read from the plan, so it is what the
 scheduler did. Two answers are inferred from the graph's shape, and say so: the weight a node

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from toolkit.sched.explain import NodeExplanation
 
 
 class Cause(enum.Enum):
@@ -106,8 +102,3 @@ class Plan:
     @property
     def n_splits(self) -> int:
         return len(self.splits)
-
-    def explain(self, node: int | str | NodePlacement) -> NodeExplanation:
-        """What, where and why for one node (index or name): :func:`toolkit.sched.explain.explain`."""
-        from toolkit.sched.explain import explain
-        return explain(self, node)

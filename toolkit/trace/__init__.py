@@ -15,22 +15,23 @@ import sys
 import types
 from typing import Any
 
-from toolkit.trace.api import Traced, TracedGraph, trace
+from toolkit.trace.api import Traced, trace
 from toolkit.trace.checks import check_plan
+from toolkit.trace.convert import TracedGraph
 from toolkit.trace.errors import UnsupportedPrimitive
 from toolkit.trace.execute import RunReport, SplitRun
 from toolkit.trace.layout import ggml_type, ne_of
 from toolkit.trace.nodes import LeafInfo, Step
 from toolkit.trace.placement import path_str, resolve
-from toolkit.trace.schedule import Schedule, device_of, splits_of
+from toolkit.trace.schedule import Schedule, TracedFunction, device_of
 from toolkit.trace.session import TracedContext
 from toolkit.trace.support import lacking, offload_batch, only, primitive_of, support_table
 
 __all__ = [
-    "LeafInfo", "RunReport", "Schedule", "SplitRun", "Step", "Traced", "TracedContext", "TracedGraph",
+    "LeafInfo", "RunReport", "Schedule", "SplitRun", "Step", "Traced", "TracedContext", "TracedFunction", "TracedGraph",
     "UnsupportedPrimitive",
     "check_plan", "device_of", "ggml_type", "lacking", "ne_of", "offload_batch", "only", "path_str", "primitive_of",
-    "resolve", "splits_of", "support_table", "trace",
+    "resolve", "support_table", "trace",
 ]
 
 

@@ -12,35 +12,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from toolkit.backend import Backend, Buffer
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE, Graph
 from toolkit.ggml.tensor import Tensor, is_view_op
-from toolkit.trace.convert import Converter
+from toolkit.trace.convert import Converter, TracedGraph
 from toolkit.trace.errors import UnsupportedPrimitive
 from toolkit.trace.layout import ggml_type, known_dtypes, ne_of
 from toolkit.trace.nodes import LeafInfo, Step
 from toolkit.trace.placement import PlacementSpec, path_str, place_weights, resolve
 from toolkit.trace.schedule import Schedule
-
-
-@dataclass
-class TracedGraph:
-    """One build of the traced function's graph. The scheduler mutates a graph's ``src``
-    pointers when it splits it (``ggml_backend_sched_split_graph``), so every schedule gets a fresh build."""
-
-    graph: Graph
-    inputs: list[Tensor]      # flat argument order; unused arguments are not in the graph
-    outputs: list[Tensor]     # flat output order
-    weights: list[Tensor]     # flat parameter order (shared by every build)
-
-    def tensor(self, name: str) -> Tensor:
-        for t in (*self.graph.nodes, *self.graph.leafs):
-            if t.name == name:
-                return t
-        raise KeyError(f"no tensor named {name!r} in the traced graph")
 
 
 def _reachable(outs: Sequence[Tensor]) -> set[int]:
@@ -156,10 +138,10 @@ class Traced:
     # ---- placement -------------------------------------------------------------------------
     def place(self, backends: Sequence[Backend], placement: PlacementSpec = None) -> Traced:
         """Put every parameter in a WEIGHTS buffer of the backend the placement picks."""
-        if placement is not None:
-            self.placement = placement
-        self.backends = list(backends)
-        self.weight_backend = resolve(self.placement, self.param_paths, self.param_values, self.backends)
+        spec = self.placement if placement is None else placement
+        # resolved first: a placement the backends cannot take raises with this object unchanged
+        where = resolve(spec, self.param_paths, self.param_values, list(backends))
+        self.placement, self.backends, self.weight_backend = spec, list(backends), where
         self.weight_buffers = place_weights(self.weights, self.weight_backend, self.backends)
         return self
 
@@ -225,4 +207,4 @@ def trace(f: Callable[..., Any], *example_args: Any, params: Any = None, placeme
     return Traced(f, example_args, params, placement, inline, opaque, backends)
 
 
-__all__ = ["Step", "Traced", "TracedGraph", "trace"]
+__all__ = ["Step", "Traced", "trace"]

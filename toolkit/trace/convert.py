@@ -11,8 +11,10 @@ equations with side effects and dtypes ggml cannot hold.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import MAX_SRC, Tensor
 from toolkit.trace.errors import UnsupportedPrimitive
 from toolkit.trace.layout import ggml_type, known_dtypes, ne_of
@@ -24,6 +26,23 @@ INLINE_PRIMITIVES = frozenset({
     "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
 })
 _NAME_LIMIT = 63  # GGML_MAX_NAME - 1
+
+
+@dataclass
+class TracedGraph:
+    """One build of the traced function's graph. The scheduler mutates a graph's ``src``
+    pointers when it splits it (``ggml_backend_sched_split_graph``), so every schedule gets a fresh build."""
+
+    graph: Graph
+    inputs: list[Tensor]      # flat argument order; unused arguments are not in the graph
+    outputs: list[Tensor]     # flat output order
+    weights: list[Tensor]     # flat parameter order (shared by every build)
+
+    def tensor(self, name: str) -> Tensor:
+        for t in (*self.graph.nodes, *self.graph.leafs):
+            if t.name == name:
+                return t
+        raise KeyError(f"no tensor named {name!r} in the traced graph")
 
 
 def _source(eqn: Any) -> str:

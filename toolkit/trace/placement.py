@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolkit.backend import Backend, Buffer
-from toolkit.errors import ParameterError, ToolkitError
+from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import BufferUsage, Tensor
 
 Target = int | Backend | Any  # Any: a JAX device
@@ -52,24 +52,26 @@ PLACEMENT_ACCEPTED = ("None, a backend index, a Backend, a callable (path, value
 
 
 def _index(target: Target, backends: Sequence[Backend], path: str) -> int:
+    param = f"placement of {path!r}"
     if hasattr(target, "platform") and hasattr(target, "id"):  # a JAX device: the backend running on it
         for i, b in enumerate(backends):
             if b.executor == target:
                 return i
-        raise ToolkitError(f"placement of {path!r}: no backend runs on device {target} "
-                         f"(executors: {[str(b.executor) for b in backends]})")
+        raise ParameterError(param, target, f"a device one of the backends runs on "
+                             f"({', '.join(str(b.executor) for b in backends)})", "no backend runs on it")
     if isinstance(target, Backend):
         for i, b in enumerate(backends):
             if b is target:
                 return i
-        raise ToolkitError(f"placement of {path!r}: backend {target.name!r} is not one of "
-                         f"{[b.name for b in backends]}")
+        raise ParameterError(param, target.name, f"one of the backends {[b.name for b in backends]}",
+                             "another backend object")
     if isinstance(target, bool) or not isinstance(target, numbers.Integral):
-        raise ParameterError(f"placement of {path!r}", target, "a backend index, a Backend or a JAX device")
+        raise ParameterError(param, target, "a backend index, a Backend or a JAX device")
     i = int(target)
     n = len(backends)
     if not -n <= i < n:
-        raise ToolkitError(f"placement of {path!r}: backend index {i} out of range for {n} backends")
+        raise ParameterError(param, i, f"a backend index from {-n} to {n - 1}",
+                             f"backend index {i} out of range for {n} backends")
     return i % n
 
 

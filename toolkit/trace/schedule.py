@@ -1,46 +1,73 @@
-"""A traced graph scheduled on backends: the plan (splits, buffer sizes) and its execution."""
+"""A traced graph scheduled on backends: the plan (splits, buffer sizes) and its execution.
+
+The splits are the scheduler's own (``ggml_backend_sched_split_graph``, read from its
+:class:`~toolkit.sched.plan.Plan`); a schedule reads the traced function through
+:class:`TracedFunction` (:class:`toolkit.trace.api.Traced` is one), so this module sits below it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from toolkit.backend import Backend
+from toolkit.backend import Backend, Buffer
 from toolkit.ggml.graph import GGML_DEFAULT_GRAPH_SIZE
-from toolkit.ggml.tensor import is_view_op
+from toolkit.ggml.tensor import Tensor, is_view_op
 from toolkit.sched import Scheduler
 from toolkit.trace.checks import check_plan
+from toolkit.trace.convert import TracedGraph
 from toolkit.trace.execute import RunReport, TracedGraphRunner
 from toolkit.trace.nodes import LeafInfo
 
 if TYPE_CHECKING:
     from toolkit.sched.plan import Plan
-    from toolkit.trace.api import Traced, TracedGraph
+
+
+class TracedFunction(Protocol):
+    """What a schedule reads of a traced function: fresh builds of its graph, and for a run its flat
+    arguments, parameters, their placement and the output tree."""
+
+    @property
+    def arg_paths(self) -> list[str]:
+        """The flat arguments' pytree paths (their number is what a run takes)."""
+        ...
+
+    @property
+    def param_values(self) -> list[Any]:
+        """The traced parameter values, flat (a run's default parameters)."""
+        ...
+
+    @property
+    def weights(self) -> list[Tensor]:
+        """One leaf tensor per flat parameter, shared by every build."""
+        ...
+
+    @property
+    def weight_backend(self) -> list[int]:
+        """The backend index of each weight ([] until placed)."""
+        ...
+
+    @property
+    def weight_buffers(self) -> list[Buffer]:
+        """The WEIGHTS buffers the placement filled."""
+        ...
+
+    @property
+    def out_tree(self) -> Any:
+        """The output pytree structure (a run returns the outputs in it)."""
+        ...
+
+    def build(self) -> TracedGraph:
+        """A fresh build of the graph (the scheduler rewrites a graph's srcs when it splits it)."""
+        ...
 
 
 def auto_max_nodes(n_nodes: int, n_leafs: int) -> int:
     """The default max_nodes of a traced graph: ``max(GGML_DEFAULT_GRAPH_SIZE, 2 × (n_nodes + n_leafs))``."""
     return max(GGML_DEFAULT_GRAPH_SIZE, 2 * (n_nodes + n_leafs))
-
-
-def splits_of(node_backend: Sequence[int], views: Sequence[bool]) -> list[tuple[int, int, int]]:
-    """Consecutive runs of non-view nodes on one backend (views stay in the run they sit in),
-    as ``ggml_backend_sched_split_graph`` pass 5 cuts them when no split has inputs to force a new one."""
-    out: list[tuple[int, int, int]] = []
-    cur, start = -1, 0
-    for i, (b, v) in enumerate(zip(node_backend, views, strict=True)):
-        if v:
-            continue
-        if cur == -1:
-            cur = b
-        elif b != cur:
-            out.append((cur, start, i))
-            cur, start = b, i
-    out.append((cur if cur != -1 else (node_backend[0] if node_backend else 0), start, len(node_backend)))
-    return out
 
 
 def device_of(backend: Backend) -> Any:
@@ -58,20 +85,23 @@ def device_of(backend: Backend) -> Any:
 
 @dataclass
 class Schedule:
-    traced: Traced
+    """One build of a traced graph as the scheduler split and allocated it: each node's backend and the
+    splits ``(backend, first node, end)`` as its plan holds them."""
+
+    traced: TracedFunction
     built: TracedGraph
     backends: list[Backend]
     node_backend: list[int]
     splits: list[tuple[int, int, int]]
-    scheduler: Any = None
-    plan: Plan | None = None
+    scheduler: Scheduler
+    plan: Plan
     ok: bool = True
     last_run: RunReport | None = None
     _runners: dict[str, TracedGraphRunner] = field(default_factory=dict)
 
     # ---- making one ------------------------------------------------------------------------
     @classmethod
-    def make(cls, traced: Traced, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
+    def make(cls, traced: TracedFunction, backends: Sequence[Backend], *, op_offload: bool, parallel: bool,
              max_nodes: int | None, pins: dict[str, int], planner: str = "ggml") -> Schedule:
         """reserve on one build, alloc_graph on another (``ggml_backend_sched_split_graph`` rewrites a graph's
         srcs, so a graph is split once)."""
@@ -85,21 +115,18 @@ class Schedule:
         s.reset()
         _pin(s, built, pins)
         ok = s.alloc_graph(built.graph) and ok
+        return cls.of(traced, built, s, ok)
+
+    @classmethod
+    def of(cls, traced: TracedFunction, built: TracedGraph, s: Scheduler, ok: bool) -> Schedule:
+        """The schedule of a build the scheduler has just allocated (``alloc_graph``): its plan's
+        placements and splits."""
         plan = s.plan()
         node_backend = [0] * built.graph.n_nodes
         for p in plan.nodes:
             node_backend[p.index] = p.backend_id
         splits = [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits]
-        return cls(traced, built, list(backends), node_backend, splits, s, plan, ok)
-
-    @classmethod
-    def manual(cls, traced: Traced, backends: Sequence[Backend], node_backend: Sequence[int]) -> Schedule:
-        """An assignment made by hand (no scheduler): for running a graph under a chosen placement."""
-        built = traced.build()
-        if traced.backends is None:
-            traced.place(backends)
-        views = [is_view_op(t.op) for t in built.graph.nodes]
-        return cls(traced, built, list(backends), list(node_backend), splits_of(node_backend, views))
+        return cls(traced, built, list(s.backends), node_backend, splits, s, plan, ok)
 
     # ---- reading it ------------------------------------------------------------------------
     @property
@@ -108,14 +135,10 @@ class Schedule:
 
     def problems(self) -> list[str]:
         """Plan invariants that do not hold (:func:`toolkit.trace.checks.check_plan`); [] when valid."""
-        if self.plan is None:
-            return []
         return check_plan(self.plan, self.built.graph, self.backends)
 
     def buffer_sizes(self) -> dict[str, int]:
         """Compute buffer bytes per backend (get_buffer_size: 0 for a buft shared with an earlier one)."""
-        if self.scheduler is None:
-            return {}
         return {b.name: int(self.scheduler.buffer_size(i)) for i, b in enumerate(self.backends)}
 
     def weight_sizes(self) -> dict[str, int]:
@@ -125,7 +148,7 @@ class Schedule:
         g = self.built.graph
         lines = [f"{g.n_nodes} nodes, {g.n_leafs} leafs -> {self.n_splits} splits on "
                  f"{', '.join(b.name for b in self.backends)}"]
-        plan_inputs = {sp.index: sp.inputs for sp in self.plan.splits} if self.plan is not None else {}
+        plan_inputs = {sp.index: sp.inputs for sp in self.plan.splits}
         for k, (b, i0, i1) in enumerate(self.splits):
             ops = [g.nodes[i].op_desc() for i in range(i0, i1) if not is_view_op(g.nodes[i].op)]
             ins = ", ".join(f"{x.name} ({x.nbytes} B)" for x in plan_inputs.get(k, ()))
@@ -150,7 +173,7 @@ class Schedule:
 
         tr = self.traced
         if not self.ok:
-            notes = "; ".join(self.plan.notes) if self.plan is not None else ""
+            notes = "; ".join(self.plan.notes)
             raise RuntimeError(f"the scheduler could not allocate this graph ({notes or 'alloc_graph failed'}); "
                                "buffers past their budget cannot run")
         devs = list(devices) if devices is not None else [device_of(b) for b in self.backends]
@@ -193,6 +216,6 @@ class Schedule:
         return jax.tree_util.tree_unflatten(tr.out_tree, outs)
 
 
-def _pin(s: Any, tg: TracedGraph, pins: dict[str, int]) -> None:
+def _pin(s: Scheduler, tg: TracedGraph, pins: dict[str, int]) -> None:
     for name, b in pins.items():
         s.set_tensor_backend(tg.tensor(name), b)

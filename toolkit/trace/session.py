@@ -40,7 +40,8 @@ from toolkit.trace.schedule import Schedule, auto_max_nodes
 from toolkit.view import Collapse, ContextSettings, Control, Runtime, device_controls, scheduler_controls
 
 if TYPE_CHECKING:
-    from toolkit.trace.api import Traced, TracedGraph
+    from toolkit.trace.api import Traced
+    from toolkit.trace.convert import TracedGraph
 
 # what update() accepts (the dashboard's controls that make sense for a traced graph)
 UPDATE_FIELDS = ("max_nodes", "parallel", "op_offload", "devices", "budget_mib", "placement")
@@ -280,14 +281,26 @@ class TracedContext:
         if "devices" in changes or "budget_mib" in changes:
             spec = changes.get("devices", self.devices[0])
             backends = self._backends(spec, changes.get("budget_mib"))
-        if backends is not self.backends or "placement" in changes:
-            if "placement" in changes:
-                tr.placement = changes["placement"]
-            tr.place(backends)  # resolves the placement: an index out of range raises here
+        if "placement" in changes:
+            tr.placement = changes["placement"]   # None too: every weight on backend 0
+            tr.place(backends)  # resolves it: an index out of range names the placement
+        elif backends is not self.backends:
+            self._place_on(backends, changes)
         if backends is not before:
             reasons.append(Reason("devices", _devices_label(before or ()), _devices_label(backends)))
             self.holder.drop()  # other backends: no scheduler can be reused
         return self.sched_reserve(trigger, reasons)
+
+    def _place_on(self, backends: list[Backend], changes: dict[str, Any]) -> None:
+        """The current placement on new backends; one that names a backend they lack is the new
+        devices' fault (a ParameterError naming them, the value and what the placement needs)."""
+        tr = self.traced
+        try:
+            tr.place(backends)
+        except ParameterError as e:
+            param = "devices" if "devices" in changes else "budget_mib"
+            raise ParameterError(param, changes[param], f"devices with a backend for every weight the placement "
+                                 f"{_show(tr.placement)} puts on one", f"on {_devices_label(backends)}, {e}") from None
 
     # ---- what SchedulerHolder.update saves and restores ----------------------------------------
     def save_state(self) -> object:
@@ -342,13 +355,7 @@ class TracedContext:
         if self._schedule is not None and self._schedule[0] == key and self._schedule[1].scheduler is self.scheduler:
             return self._schedule[1]
         tg = self.build()
-        ok = self.scheduler.alloc_graph(tg.graph)
-        plan = self.scheduler.plan()
-        node_backend = [0] * tg.graph.n_nodes
-        for p in plan.nodes:
-            node_backend[p.index] = p.backend_id
-        splits = [(sp.backend_id, sp.i_start, sp.i_end) for sp in plan.splits]
-        sch = Schedule(self.traced, tg, list(self.backends), node_backend, splits, self.scheduler, plan, ok)
+        sch = Schedule.of(self.traced, tg, self.scheduler, self.scheduler.alloc_graph(tg.graph))
         self._schedule = (key, sch)
         return sch
 

@@ -284,7 +284,7 @@ class Dashboard:
     # ---------------------------------------------------------------- runtime
     def _runtime_action(self, what: str) -> None:
         """What the context's runtime offers (toolkit.view.Runtime); redrawn when it recorded something."""
-        if self.runner.act(what, self.ctx.settings()):
+        if self.runner.act(what, self.ctx.settings(), self.ctx):
             self.refresh()
             self._draw(force=True)
 

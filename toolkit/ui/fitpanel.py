@@ -8,7 +8,7 @@
 The controls are the inputs of ``llama-fit-params``: a memory budget per model device (free =
 total memory of each simulated or CUDA-like device), the margin each device keeps
 (``--fit-target``), the smallest context fit may shrink to (``--fit-ctx``) and further llama.cpp
-flags. Every one of them goes through the one flag grammar (:func:`toolkit.models.args.parse_args`,
+flags. Every one of them goes through the one flag grammar (:func:`toolkit.args.parse_args`,
 sizes through :func:`toolkit.models.devices.parse_bytes`), so the panel fits exactly what
 ``python -m toolkit fit`` fits for the same command line (:attr:`FitPanel.command`).
 
@@ -33,11 +33,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 import traitlets
 
-from toolkit.errors import ParameterError, ToolkitError
-from toolkit.fit import FitImpossible, FitResult, RealRun, fit_params, real_run
-from toolkit.memory import MemoryRow, MiB, device_memory
-from toolkit.models import presets
-from toolkit.models.args import (
+from toolkit.args import (
     DEFAULT_FIT_CTX,
     DEFAULT_FIT_TARGET_MIB,
     LlamaArgs,
@@ -45,6 +41,10 @@ from toolkit.models.args import (
     load_model_arg,
     parse_args,
 )
+from toolkit.errors import ParameterError, ToolkitError
+from toolkit.fit import FitImpossible, FitResult, RealRun, fit_params, real_run
+from toolkit.memory import MemoryRow, MiB, device_memory
+from toolkit.models import presets
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import MAX_DEVICES, parse_bytes
 from toolkit.models.hparams import LlamaHParams
@@ -122,7 +122,7 @@ def fit_args(budgets: str, *, kind: str = "sim", fit_target: str | int = DEFAULT
 
 def flags_of(cp: ContextParams) -> str:
     """The llama.cpp flags of a context's settings that change a fit (the context size is left to fit):
-    :func:`toolkit.models.args.context_flags` as the flags control's text."""
+    :func:`toolkit.args.context_flags` as the flags control's text."""
     return " ".join(context_flags(cp))
 
 

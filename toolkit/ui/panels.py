@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ipywidgets as W
 import ipywidgets.widgets.widget as ipywidgets_widget
@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from toolkit.compare import EventDiff, compare, default_pair
 from toolkit.errors import ParameterError
 from toolkit.reuse import CompileEvent, ReserveEvent
-from toolkit.sched.explain import NodeExplanation
+from toolkit.sched.explain import NodeExplanation, explain
 from toolkit.sched.plan import Plan
 from toolkit.ui import figures
 from toolkit.ui.choices import parse_devices, preset_of
@@ -28,6 +28,7 @@ from toolkit.ui.layers import Collapse
 from toolkit.view import COLLAPSES, ContextSettings
 
 if TYPE_CHECKING:
+    from toolkit.context import RunnableContext
     from toolkit.models.hparams import LlamaHParams
     from toolkit.ui.fitpanel import FitPanel
 
@@ -110,7 +111,7 @@ class InspectPanel:
             if isinstance(node, str) and not any(n.name == node for n in plan.nodes):
                 self.html.value = tensor_html(plan, node)
                 return None
-            e = plan.explain(node if isinstance(node, str) else int(node))   # plotly may hand numpy numbers
+            e = explain(plan, node if isinstance(node, str) else int(node))   # plotly may hand numpy numbers
         except ValueError as err:
             self.html.value = f"<span class='toolkit-inspect-error'>{html.escape(str(err))}</span>"
             return None
@@ -269,10 +270,9 @@ class RuntimePanel:
             self.run_button.description = "run vs jax.jit"
             self.html.value = f"{html.escape(settings.title)}: not run yet"
             return W.HBox([self.run_button])
-        return W.HBox([w for w, offered in ((self.tokens, rt.decode), (self.compile_button, rt.compile),
-                                            (self.run_button, rt.decode)) if offered is not None])
+        return W.HBox([self.tokens, self.compile_button, self.run_button] if rt.jax else [])
 
-    def act(self, what: str, settings: ContextSettings) -> bool:
+    def act(self, what: str, settings: ContextSettings, ctx: object) -> bool:
         """compile: every split of the current scheduler for its device; run: decode the tokens, or
         the traced function against jax.jit. True when the context may have recorded an event."""
         rt = settings.runtime
@@ -280,19 +280,19 @@ class RuntimePanel:
             self._run(settings.title, rt.run)
             return False
         try:
+            if not rt.jax:
+                raise ParameterError(what, settings.title, "a context the JAX runtime runs")
             t0 = time.perf_counter()
+            from toolkit.jaxrt import runtime  # jax loads here
+            runnable = cast("RunnableContext", ctx)   # what Runtime.jax says the context is
             if what == "compile":
-                if rt.compile is None:
-                    raise ParameterError("compile", settings.title, "a context the JAX runtime compiles")
-                # Context.compile records a CompileEvent (the timeline's hover shows it); jax loads here
-                info = rt.compile()
+                # compile_splits records a CompileEvent (the timeline's hover shows it)
+                info = runtime.compile_splits(runnable)
                 out = (f"{info['compiled']} split(s) compiled, {info['cache_hits']} cache hit(s), "
                        f"XLA {info['compile_ms']:.1f} ms")
             else:
-                if rt.decode is None:
-                    raise ParameterError("run", settings.title, "a context the JAX runtime decodes")
                 n_vocab = settings.model.hparams.n_vocab if settings.model is not None else None
-                out = _summary(rt.decode(parse_tokens(self.tokens.value, n_vocab)))
+                out = _summary(runtime.decode(runnable, parse_tokens(self.tokens.value, n_vocab)))
             ms = (time.perf_counter() - t0) * 1000
             self.html.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
         except Exception as e:

@@ -97,7 +97,7 @@ table { border-collapse: collapse; font-size: 12px; } td { border: 1px solid #88
 def report_html(sections: Sequence[Section], title: str = "toolkit report",
                 meta: Mapping[str, str] | None = None) -> str:
     """The whole report as one HTML string (plotly.js inline)."""
-    from toolkit import __version__
+    from toolkit.version import __version__
 
     info = {"toolkit": __version__, "written": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             **(meta or {})}
@@ -121,7 +121,7 @@ def save_html(path: str | Path, sections: Sequence[Section], title: str = "toolk
 def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source: str = "") -> Path:
     """``python -m toolkit plan --cases FILE --html PATH``: one section per case (its context's reserves);
     a case llama.cpp would refuse is listed with its error."""
-    from toolkit.context import context_from_case
+    from toolkit.cases import context_from_case
 
     sections: list[Section] = []
     for k, case in enumerate(cases):

@@ -1,8 +1,16 @@
 """Cases in the schema of the oracle's ``cases.json``: ``{id, model, cparams, observed?}``.
 
-:func:`toolkit.context.plan_case` creates the context a case describes and returns what llama.cpp printed for
-it, under the oracle's field names (``graph_nodes``, ``graph_splits``, ``compute_buffers_bytes``,
-``kv_bytes``, ``n_copies``, …), or ``{"id", "error"}`` when llama.cpp refuses the context.
+:func:`context_from_case` creates the context a case describes (its ``cparams`` read by
+:func:`cparams_from_case`, through llama.cpp's flag grammar when the case recorded its command line);
+:func:`plan_case` returns what llama.cpp printed for it, under the oracle's field names
+(``graph_nodes``, ``graph_splits``, ``compute_buffers_bytes``, ``kv_bytes``, ``n_copies``, …), or
+``{"id", "error"}`` when llama.cpp refuses the context; :func:`log_lines` prints it as llama.cpp does.
+
+>>> case = {"id": "t", "model": {"name": "t", "n_layer": 1, "n_embd": 64, "n_head": 2, "n_ff": 128},
+...         "cparams": {"cli_args": ["-c", "256", "-ngl", "0", "-fa", "on"]}}
+>>> r = plan_case(case)
+>>> r["graph_splits"], r["n_copies"], r["max_nodes"]
+(1, 1, 1024)
 """
 
 from __future__ import annotations
@@ -11,6 +19,12 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from toolkit.args import parse_args
+from toolkit.context import Context
+from toolkit.errors import ToolkitError
+from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
+from toolkit.models.hparams import LlamaHParams
 
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
@@ -22,7 +36,58 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     return data
 
 
-def summary(ctx: Any) -> dict[str, Any]:
+def cparams_from_case(d: Mapping[str, Any]) -> ContextParams:
+    """A case's ``cparams``: its ``cli_args`` through llama.cpp's flag grammar
+    (:func:`toolkit.args.parse_args`, with the case's ``env``) when present, else the
+    requested values (``rpc_servers`` become RPC devices)."""
+    if d.get("cli_args"):
+        env = dict(d.get("env") or {})
+        if d.get("forced_pipeline_parallel_env"):   # the same switch, recorded without the env
+            env["ORACLE_FORCE_PP"] = "1"
+        return parse_args([str(a) for a in d["cli_args"]], env=env).context_params()
+    ngl = d.get("ngl", d.get("n_gpu_layers", DEFAULT_N_GPU_LAYERS))
+    split = str(d.get("split_mode", "layer")).split()[0]
+    ts = d.get("tensor_split")
+    if isinstance(ts, str):
+        ts = tuple(float(x) for x in ts.replace("/", ",").split(",") if x.strip())
+    devices: list[str] = [f"rpc:{ep}" for ep in d.get("rpc_servers", ())]
+    devices += [str(x) for x in d.get("extra_devices", ())]
+    load_mode = str(d.get("load_mode") or "mmap").lower()
+    use_mmap = bool(d.get("use_mmap", True)) and load_mode not in ("none", "no_mmap", "read")
+    return ContextParams(
+        n_ctx=int(d.get("n_ctx", 4096)), n_batch=int(d.get("n_batch", 2048)),
+        n_ubatch=int(d.get("n_ubatch", 512)), n_seq_max=int(d.get("n_seq_max", 1)),
+        flash_attn=d.get("flash_attn", "auto"), type_k=str(d.get("type_k", "f16")),
+        type_v=str(d.get("type_v", "f16")), kv_unified=bool(d.get("kv_unified", False)),
+        offload_kqv=bool(d.get("offload_kqv", True)), op_offload=bool(d.get("op_offload", True)),
+        n_gpu_layers=int(ngl), split_mode=split,  # type: ignore[arg-type]
+        main_gpu=int(d.get("main_gpu", 0)), tensor_split=tuple(ts) if ts else None,
+        devices=tuple(devices), use_mmap=use_mmap,
+        force_pipeline_parallel=bool(
+            d.get("forced_pipeline_parallel_env", d.get("force_pipeline_parallel", False))),
+        override_tensor=tuple(x for x in str(d.get("override_tensor") or "").split(",") if x),
+        cpu_moe=bool(d.get("cpu_moe", False)), n_cpu_moe=int(d.get("n_cpu_moe", 0) or 0),
+        swa_full=bool(d.get("swa_full", False)),
+    )
+
+
+def context_from_case(case: Mapping[str, Any], **kw: Any) -> Context:
+    """The context an oracle case (``{id, model, cparams}``) describes."""
+    hp = LlamaHParams.from_dict(case["model"])
+    cp = cparams_from_case(case["cparams"])
+    return Context(hp, cp, **kw)
+
+
+def plan_case(case: Mapping[str, Any]) -> dict[str, Any]:
+    """What llama.cpp printed for a case, under the oracle's names, or ``{"id", "error"}`` when it refuses."""
+    try:
+        ctx = context_from_case(case)
+    except ToolkitError as e:
+        return {"id": case.get("id"), "error": e.llama_text or str(e)}
+    return {"id": case.get("id"), **summary(ctx)}
+
+
+def summary(ctx: Context) -> dict[str, Any]:
     """A context's numbers under the oracle's names (the last reserve event's)."""
     ev = ctx.events[-1]
     pp, tg = ev.graphs["pp"], ev.graphs["tg"]
@@ -98,3 +163,7 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     out.append(f"sched_reserve: sched copies = {result['n_copies']}")
     out += ["common_memory_breakdown_print: " + line for line in result.get("memory_breakdown") or ()]
     return out
+
+
+__all__ = ["context_from_case", "cparams_from_case", "kv_size_line", "load_cases", "log_lines", "plan_case",
+           "summary"]

@@ -1,13 +1,11 @@
-"""toolkit.models.args: llama.cpp's flag grammar, its errors and the ContextParams it gives."""
+"""toolkit.args: llama.cpp's flag grammar, its errors and the ContextParams it gives."""
 
 from __future__ import annotations
 
 import pytest
 from oracle_cases import cases
 
-from toolkit.errors import ParameterError, UnsupportedFeature
-from toolkit.models import presets
-from toolkit.models.args import (
+from toolkit.args import (
     N_GPU_LAYERS_ALL,
     N_GPU_LAYERS_AUTO,
     context_flags,
@@ -16,6 +14,9 @@ from toolkit.models.args import (
     model_from_dict,
     parse_args,
 )
+from toolkit.cases import cparams_from_case
+from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.models import presets
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import LlamaHParams
 
@@ -140,8 +141,8 @@ def test_every_oracle_case_cli_args_give_its_cparams() -> None:
     (the recorded values have no load mode: -lm is checked on its own)."""
     for c in cases():
         d = c["cparams"]
-        cp = ContextParams.from_dict(d)
-        recorded = ContextParams.from_dict({k: v for k, v in d.items() if k != "cli_args"})
+        cp = cparams_from_case(d)
+        recorded = cparams_from_case({k: v for k, v in d.items() if k != "cli_args"})
         assert cp.replace(use_mmap=True) == recorded, c["id"]
     assert not parse_args(["-lm", "none"]).use_mmap and parse_args(["-lm", "mmap"]).use_mmap
 
