@@ -161,14 +161,17 @@ def test_per_layer_head_count_kv_from_a_gguf(tmp_path: Path) -> None:
     assert float(np.abs(got - reference(w, r, tokens, kv_f16=False)).max()) < TOL_REF * float(np.abs(got).max())
 
 
-def test_a_per_layer_array_of_the_wrong_length_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kv", "message"), [([2, 2, 2], "wrong array length; expected 2, got 3"),
+                                             ([2.0, 2.0], "expected an array of integers, found FLOAT32")])
+def test_a_per_layer_array_of_the_wrong_length_or_type_is_refused(kv: list[Any], message: str,
+                                                                   tmp_path: Path) -> None:
     path = tmp_path / "bad.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(2)
     w.add_embedding_length(64)
     w.add_feed_forward_length(128)
     w.add_head_count(4)
-    w.add_head_count_kv([2, 2, 2])
+    w.add_array("llama.attention.head_count_kv", kv)
     w.add_vocab_size(32)
     w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
     w.add_tensor("output_norm.weight", np.ones(64, np.float32))
@@ -178,7 +181,7 @@ def test_a_per_layer_array_of_the_wrong_length_is_refused(tmp_path: Path) -> Non
     w.close()
     with pytest.raises(GGUFError) as e:
         hparams_from_gguf(path)
-    assert e.value.field == "llama.attention.head_count_kv" and "expected 2, got 3" in str(e.value)
+    assert e.value.field == "llama.attention.head_count_kv" and message in str(e.value)
 
 
 # ---- a toy architecture, defined here only ------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
-from toolkit.models.gguf_file import GGUFArray, GGUFFile, open_gguf
+from toolkit.models.gguf_file import INT_TYPES, GGUFArray, GGUFFile, open_gguf
 from toolkit.models.hparams import LlamaHParams
 
 
@@ -75,11 +75,10 @@ def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = N
     if len(arr) != n_layer:
         raise GGUFError(f.path, f"key has wrong array length; expected {n_layer}, got {len(arr)}",
                         f.fields[key].offset, key)
-    vals = arr.tolist()
-    if not all(isinstance(v, int) for v in vals):
+    if arr.type not in INT_TYPES:
         raise GGUFError(f.path, f"expected an array of integers, found {arr.type.name} elements",
                         f.fields[key].offset, key)
-    return tuple(vals)
+    return tuple(int(v) for v in arr.tolist())
 
 
 def common_hparams(f: GGUFFile) -> dict[str, Any]:
