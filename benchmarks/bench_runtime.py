@@ -43,7 +43,7 @@ def reference_forward(hp: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
-    H, hd, nkv, rot = hp.n_head, hp.n_embd_head, hp.n_head_kv, hp.n_rot
+    H, hd, nkv, rot = hp.n_head(), hp.n_embd_head_k, hp.n_head_kv(), hp.n_rot
 
     def rms(x: Any, g: Any) -> Any:
         return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + hp.eps) * g
@@ -124,7 +124,7 @@ def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
         ref_once()
         t_r.append(time.perf_counter() - t0)
     s, r = statistics.median(t_s), statistics.median(t_r)
-    return {"model": f"{hp.n_layer}L E{hp.n_embd} ff{hp.n_ff} V{hp.n_vocab}", "n_tokens": n_tokens,
+    return {"model": f"{hp.n_layer}L E{hp.n_embd} ff{hp.n_ff()} V{hp.n_vocab}", "n_tokens": n_tokens,
             "scheduled_tok_s": n_tokens / s, "jit_reference_tok_s": n_tokens / r, "ratio": r / s,
             "max_rel_err": err, "graph_reused": rt.log[-1].graph_reused}
 

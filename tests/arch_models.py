@@ -6,13 +6,72 @@ from normal(0, 0.02) in float32 with ``numpy.random.default_rng(seed)`` tensor b
 order, norm weights 1, ``rope_freqs.weight`` given as values. With the same recipe it writes the
 same weights, so the logits can be compared with llama.cpp's. The tokenizer is a placeholder of
 the right size (only the weights decide the logits).
+
+What differs between architectures is one :class:`Reference` per architecture name in
+:data:`REFERENCES` (the tensors of a layer in write order, the RoPE pairing, the norms, the FFN
+activation, the embedding scale); a test adds an entry for an architecture of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+Tensors = list[tuple[str, tuple[int, ...], str]]
+
+
+def _attn(p: str, E: int, H: int, HKV: int, hd: int) -> Tensors:
+    return [(p + "attn_norm.weight", (E,), "norm"), (p + "attn_q.weight", (H * hd, E), "mat"),
+            (p + "attn_k.weight", (HKV * hd, E), "mat"), (p + "attn_v.weight", (HKV * hd, E), "mat"),
+            (p + "attn_output.weight", (E, H * hd), "mat")]
+
+
+def _qk_norm(p: str, hd: int) -> Tensors:
+    return [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
+
+
+def _ffn(p: str, E: int, F: int) -> Tensors:
+    """ffn_norm and the gated FFN in the generators' order (gate, down, up)."""
+    return [(p + "ffn_norm.weight", (E,), "norm"), (p + "ffn_gate.weight", (F, E), "mat"),
+            (p + "ffn_down.weight", (E, F), "mat"), (p + "ffn_up.weight", (F, E), "mat")]
+
+
+def llama_layer(p: str, E: int, H: int, HKV: int, hd: int, F: int) -> Tensors:
+    return _attn(p, E, H, HKV, hd) + _ffn(p, E, F)
+
+
+def qwen3_layer(p: str, E: int, H: int, HKV: int, hd: int, F: int) -> Tensors:
+    return _attn(p, E, H, HKV, hd) + _qk_norm(p, hd) + _ffn(p, E, F)
+
+
+def gemma3_layer(p: str, E: int, H: int, HKV: int, hd: int, F: int) -> Tensors:
+    return (_attn(p, E, H, HKV, hd) + _qk_norm(p, hd) + [(p + "post_attention_norm.weight", (E,), "norm")]
+            + _ffn(p, E, F) + [(p + "post_ffw_norm.weight", (E,), "norm")])
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One architecture's pieces of the reference forward and of the writer."""
+
+    layer: Callable[[str, int, int, int, int, int], Tensors]  # (prefix, E, H, HKV, hd, F) -> write order
+    neox: bool = False          # RoPE on halves (NEOX) instead of adjacent pairs (NORM)
+    qk_norm: bool = False       # RMS norm on each head of Q and K before RoPE
+    act: str = "silu"           # the gated FFN's activation: silu or gelu (tanh approximation)
+    embd_scale: bool = False    # token embeddings times sqrt(n_embd)
+    post_attn_norm: bool = False  # RMS norm of the attention output (post_attention_norm) before the residual
+    post_ffn_norm: bool = False   # RMS norm of the FFN output (post_ffw_norm) before the residual
+    tied: bool = False          # the generators' default: no output.weight
+
+
+REFERENCES: dict[str, Reference] = {
+    "llama": Reference(llama_layer),
+    "qwen3": Reference(qwen3_layer, neox=True, qk_norm=True),
+    "gemma3": Reference(gemma3_layer, neox=True, qk_norm=True, act="gelu", embd_scale=True, post_attn_norm=True,
+                        post_ffn_norm=True, tied=True),
+}
 
 
 def recipe_of(entry: dict[str, Any]) -> dict[str, Any]:
@@ -23,11 +82,16 @@ def recipe_of(entry: dict[str, Any]) -> dict[str, Any]:
     r.setdefault("sliding_window", 0)
     r.setdefault("swa_pattern", 0)
     r.setdefault("rope_freq_base_swa", None)
-    r.setdefault("tied", r["arch"] == "gemma3")
+    r.setdefault("tied", REFERENCES[r["arch"]].tied)
     if "rope_freqs" in entry["gguf_recipe"]:
         r["rope_freqs"] = list(entry["gguf_recipe"]["rope_freqs"])
     r["n_vocab"] = int(entry["n_vocab"])
     return r
+
+
+def _at(v: int | list[int], il: int) -> int:
+    """A recipe size: one value for every layer, or a list with one per layer."""
+    return v[il] if isinstance(v, list) else v
 
 
 def head_dim(r: dict[str, Any]) -> int:
@@ -37,24 +101,14 @@ def head_dim(r: dict[str, Any]) -> int:
 def tensor_list(r: dict[str, Any]) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, numpy shape, kind) in the generators' write order."""
     L, E, H, HKV, F = r["n_layer"], r["n_embd"], r["n_head"], r["n_head_kv"], r["n_ff"]
-    hd, arch, V = head_dim(r), r["arch"], r["n_vocab"]
+    hd, V = head_dim(r), r["n_vocab"]
+    layer = REFERENCES[r["arch"]].layer
     out: list[tuple[str, tuple[int, ...], str]] = []
     if r.get("rope_freqs"):
         out.append(("rope_freqs.weight", (hd // 2,), "rope"))
     out.append(("token_embd.weight", (V, E), "mat"))
     for il in range(L):
-        p = f"blk.{il}."
-        out += [(p + "attn_norm.weight", (E,), "norm"), (p + "attn_q.weight", (H * hd, E), "mat"),
-                (p + "attn_k.weight", (HKV * hd, E), "mat"), (p + "attn_v.weight", (HKV * hd, E), "mat"),
-                (p + "attn_output.weight", (E, H * hd), "mat")]
-        if arch in ("qwen3", "gemma3"):
-            out += [(p + "attn_q_norm.weight", (hd,), "norm"), (p + "attn_k_norm.weight", (hd,), "norm")]
-        if arch == "gemma3":
-            out.append((p + "post_attention_norm.weight", (E,), "norm"))
-        out += [(p + "ffn_norm.weight", (E,), "norm"), (p + "ffn_gate.weight", (F, E), "mat"),
-                (p + "ffn_down.weight", (E, F), "mat"), (p + "ffn_up.weight", (F, E), "mat")]
-        if arch == "gemma3":
-            out.append((p + "post_ffw_norm.weight", (E,), "norm"))
+        out += layer(f"blk.{il}.", E, H, _at(HKV, il), hd, F)
     out.append(("output_norm.weight", (E,), "norm"))
     if not r["tied"]:
         out.append(("output.weight", (V, E), "mat"))
@@ -76,7 +130,10 @@ def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
     w.add_uint32(f"{arch}.block_count", r["n_layer"])
     w.add_uint32(f"{arch}.feed_forward_length", r["n_ff"])
     w.add_uint32(f"{arch}.attention.head_count", H)
-    w.add_uint32(f"{arch}.attention.head_count_kv", r["n_head_kv"])
+    if isinstance(r["n_head_kv"], list):   # one per layer (llama_model_loader::get_key_or_arr)
+        w.add_array(f"{arch}.attention.head_count_kv", r["n_head_kv"])
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", r["n_head_kv"])
     if r["head_dim"] is not None:
         w.add_uint32(f"{arch}.attention.key_length", hd)
         w.add_uint32(f"{arch}.attention.value_length", hd)
@@ -112,19 +169,20 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
               kv_f16: bool = True) -> np.ndarray:
     """Plain JAX forward of recipe r: logits [T, n_vocab] of every position.
 
-    llama (NORM RoPE, ``rope_freqs`` dividing the angles when ``rope_freqs``), qwen3 (RMS norm on
-    each head of Q and K, NEOX RoPE) and gemma3 (embeddings times sqrt(n_embd), QK-norm, Q times
-    1/sqrt(head_dim), attention scale 1, sliding window on layers il % pattern < pattern - 1 with
-    their own RoPE base, post-attention and post-FFN norms, tanh-GELU gated FFN, tied output).
+    The architecture's :class:`Reference` picks the pieces: llama (NORM RoPE, ``rope_freqs``
+    dividing the angles when ``rope_freqs``), qwen3 (RMS norm on each head of Q and K, NEOX RoPE)
+    and gemma3 (embeddings times sqrt(n_embd), QK-norm, Q times 1/sqrt(head_dim), attention scale 1,
+    post-attention and post-FFN norms, tanh-GELU gated FFN, tied output). A sliding window (any
+    architecture whose recipe has one) covers layers il % pattern < pattern - 1, with their own
+    RoPE base.
     """
     import jax
     import jax.numpy as jnp
 
     W = {k: jnp.asarray(v) for k, v in w.items()}
-    arch, T = r["arch"], len(tokens)
-    H, nkv, hd, eps = r["n_head"], r["n_head_kv"], head_dim(r), r["eps"]
+    ref, T = REFERENCES[r["arch"]], len(tokens)
+    H, hd, eps = r["n_head"], head_dim(r), r["eps"]
     pos = jnp.arange(T, dtype=jnp.float32)
-    gemma = arch == "gemma3"
 
     def rms(x: jax.Array, g: jax.Array) -> jax.Array:
         return x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * g
@@ -135,7 +193,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
             inv = inv / W["rope_freqs.weight"]
         ang = pos[:, None] * inv[None, :]
         c, s = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
-        if arch == "llama":   # adjacent pairs
+        if not ref.neox:   # adjacent pairs
             x0, x1 = x[..., 0::2], x[..., 1::2]
             return jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).reshape(x.shape)
         x0, x1 = x[..., : hd // 2], x[..., hd // 2:]   # halves (NEOX)
@@ -151,11 +209,11 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         return x.astype(jnp.float16).astype(jnp.float32) if kv_f16 else x
 
     x = W["token_embd.weight"][jnp.asarray(tokens)]
-    if gemma:
+    if ref.embd_scale:
         x = x * np.float32(np.sqrt(r["n_embd"]))
     ti, si = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
     for il in range(r["n_layer"]):
-        p = f"blk.{il}."
+        p, nkv = f"blk.{il}.", _at(r["n_head_kv"], il)
         n_pat = r["swa_pattern"]
         swa = bool(r["sliding_window"]) and (n_pat == 0 or il % n_pat < n_pat - 1)
         base = r["rope_freq_base_swa"] if (swa and r["rope_freq_base_swa"] is not None) else r["rope_freq_base"]
@@ -163,7 +221,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         q = mm(h, p + "attn_q.weight").reshape(T, H, hd)
         k = mm(h, p + "attn_k.weight").reshape(T, nkv, hd)
         v = mm(h, p + "attn_v.weight").reshape(T, nkv, hd)
-        if arch in ("qwen3", "gemma3"):
+        if ref.qk_norm:
             q, k = rms(q, W[p + "attn_q_norm.weight"]), rms(k, W[p + "attn_k_norm.weight"])
         q, k = rope(q, base), rope(k, base)
         scale = 1.0 / np.sqrt(hd)
@@ -175,13 +233,13 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
             seen = seen & (ti - si < r["sliding_window"])
         a = jax.nn.softmax(jnp.where(seen[None], s, -jnp.inf), -1)
         o = mm(jnp.einsum("hts,shd->thd", a, v, precision="highest").reshape(T, H * hd), p + "attn_output.weight")
-        if gemma:
+        if ref.post_attn_norm:
             o = rms(o, W[p + "post_attention_norm.weight"])
         x = x + o
         h = rms(x, W[p + "ffn_norm.weight"])
-        act = gelu if gemma else jax.nn.silu
+        act = {"gelu": gelu, "silu": jax.nn.silu}[ref.act]
         f = mm(act(mm(h, p + "ffn_gate.weight")) * mm(h, p + "ffn_up.weight"), p + "ffn_down.weight")
-        if gemma:
+        if ref.post_ffn_norm:
             f = rms(f, W[p + "post_ffw_norm.weight"])
         x = x + f
     out = W.get("output.weight", W["token_embd.weight"])

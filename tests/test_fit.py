@@ -23,8 +23,7 @@ from toolkit.errors import UnsupportedFeature
 from toolkit.fit import FitImpossible, Fitted, fit_params, overflow_pattern, real_run
 from toolkit.fit.cases import fit_case, memory_from_inputs
 from toolkit.memory import DeviceMemory, MiB, device_memory
-from toolkit.models import presets
-from toolkit.models.hparams import SUPPORTED_ARCHS
+from toolkit.models import archs, presets
 
 DATA = Path(__file__).resolve().parent / "data"
 FIT_CASES = DATA / "fit-cases.json"
@@ -162,7 +161,7 @@ def test_printed_line_differs_from_the_in_process_fit() -> None:
 
 def _unsupported_case(cid: str, arch: str = "falcon") -> dict[str, Any]:
     """A real case whose model claims an architecture the toolkit has no graph builder for."""
-    assert arch not in SUPPORTED_ARCHS
+    assert arch not in archs.names()
     c = _case(cid)
     return {**c, "id": f"{cid}-as-{arch}", "model": {**c["model"], "arch": arch}}
 
@@ -176,7 +175,7 @@ def test_other_architectures_are_refused_clearly(cid: str) -> None:
     got = fit_case(c, real=False)
     assert got["unsupported"] == "arch" and set(got) == {"id", "error", "unsupported"}
     assert "'falcon' is not supported" in got["error"]
-    assert all(a in got["error"].split("supported: ")[1] for a in SUPPORTED_ARCHS), got["error"]
+    assert all(a in got["error"].split("supported: ")[1] for a in archs.names()), got["error"]
 
 
 def test_fit_cases_json_interface(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

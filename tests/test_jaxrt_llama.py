@@ -40,8 +40,8 @@ def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int
     """Plain JAX llama (no ggml, no cache): logits [T, n_vocab] of every position of ``tokens``."""
     kv = "f16" if kv_f16 else kv
     W = {k: jnp.asarray(v) for k, v in w.items()}
-    T, H, hd = len(tokens), hp.n_head, hp.n_embd_head
-    nkv, rot = hp.n_head_kv, hp.n_rot
+    T, H, hd = len(tokens), hp.n_head(), hp.n_embd_head_k
+    nkv, rot = hp.n_head_kv(), hp.n_rot
     pos = jnp.arange(T, dtype=jnp.float32)
 
     def rms(x: jax.Array, g: jax.Array) -> jax.Array:

@@ -42,7 +42,7 @@ def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int],
     ``choices`` receives each layer's chosen experts [T, k]."""
     assert hp.moe is not None
     W = {k: jnp.asarray(v) for k, v in w.items()}
-    T, H, hd, nkv = len(tokens), hp.n_head, hp.n_embd_head, hp.n_head_kv
+    T, H, hd, nkv = len(tokens), hp.n_head(), hp.n_embd_head_k, hp.n_head_kv()
     pos = jnp.arange(T, dtype=jnp.float32)
 
     def rms(x: jax.Array, g: jax.Array) -> jax.Array:

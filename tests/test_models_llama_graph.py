@@ -8,10 +8,9 @@ from oracle_cases import DUMPS, case, debug_case_ids, fmt_size, parse_dump
 from toolkit.cases import cparams_from_case
 from toolkit.ggml.tensor import is_view_op
 from toolkit.models import ContextParams, LlamaHParams, presets
-from toolkit.models.archs import builder_class
+from toolkit.models.archs.llama import LlamaGraphBuilder
 from toolkit.models.devices import make_devices
 from toolkit.models.graph import GraphBuilder
-from toolkit.models.llama import LlamaGraphBuilder
 from toolkit.models.loader import load_model, make_kv_cache, make_memory
 
 
@@ -25,7 +24,7 @@ def _builder(case_id: str) -> GraphBuilder:
     m = load_model(hp, cp, ds)
     kv, kv_swa, _ = make_memory(m, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
                                 unified=cp.kv_unified)
-    return builder_class(hp.arch)(m, kv, flash_attn=fa, graph_size=1024, kv_swa=kv_swa)
+    return hp.architecture.builder(m, kv, flash_attn=fa, graph_size=1024, kv_swa=kv_swa)
 
 
 def _src_name_matches(ours: str, dumped: str) -> bool:

@@ -98,7 +98,7 @@ def test_block_quantized_rows_fall_back_to_f16() -> None:
 @pytest.mark.parametrize("name", ["tiny", "small", "med", "llama3_8b", "llama3_70b"])
 def test_presets(name: str) -> None:
     hp = presets.get(name)
-    assert hp.n_embd_head * hp.n_head == hp.n_embd
+    assert hp.n_embd_head_k * hp.n_head() == hp.n_embd_head_v * hp.n_head() == hp.n_embd
     hp.validate_types()
     with pytest.raises(ValueError, match="unknown model preset"):
         presets.get("gpt5")

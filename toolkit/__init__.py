@@ -50,7 +50,7 @@ _LAZY: dict[str, str] = {
     "TracedContext": "toolkit.trace.session",
     "dashboard": "toolkit.ui.dashboard",
 }
-# toolkit.trace is a callable package: toolkit.trace(f, *args); toolkit.jaxrt the runtime (toolkit.jaxrt.runtime_of(ctx))
+# toolkit.trace is a callable package: toolkit.trace(f, *args); toolkit.jaxrt the runtime (jaxrt.runtime_of(ctx))
 _LAZY_MODULES = {"jaxrt": "toolkit.jaxrt", "trace": "toolkit.trace"}
 
 __all__ = [

@@ -33,8 +33,8 @@ from toolkit.ggml.graph import Graph, GraphFull
 from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, N_CTX_PAD
 from toolkit.models.devices import describe_picker
-from toolkit.models.llama import LlamaGraph
-from toolkit.models.setup import LlamaSetup, apply_pins, graph_max_nodes, setup
+from toolkit.models.graph import LlamaGraph
+from toolkit.models.setup import LlamaSetup, apply_pins, setup
 from toolkit.reuse import (
     MODEL_GROUP,
     OUTPUT_GROUP,
@@ -243,7 +243,7 @@ class Context:
     def auto_max_nodes(self) -> int:
         """``llama_context::graph_max_nodes`` for the current model and ubatch."""
         rp = self.setup.resolved
-        return graph_max_nodes(self.setup.model.n_tensors, min(rp.n_ctx, rp.n_ubatch))
+        return self.setup.graph_max_nodes(min(rp.n_ctx, rp.n_ubatch))
 
     def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
                           graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:

@@ -1,4 +1,4 @@
-"""Llama-architecture GGUF files: read hyperparameters and weights, write small random ones.
+"""GGUF files of the registered architectures: read hyperparameters and weights, write small random ones.
 
 Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped)
 and the hyperparameters planning reads (:func:`toolkit.models.gguf.hparams_from_gguf`). A weight's
@@ -51,7 +51,7 @@ def _check_type(path: str, name: str, t: GGMLType) -> GGMLType:
 
 
 def read_gguf(path: str | Path | GGUFFile, *, with_tensors: bool = True) -> GGUFModel:
-    """Hyperparameters (and weights, as views of the mapped file) of a llama GGUF, parsed once.
+    """Hyperparameters (and weights, as views of the mapped file) of a GGUF, parsed once.
 
     Errors are typed: GGUFError for a file that cannot be read, UnsupportedFeature for an
     architecture or a weight type the runtime does not run.
@@ -102,19 +102,26 @@ def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.
 
 def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarray] | None = None,
                seed: int = 0) -> dict[str, np.ndarray]:
-    """Write a llama GGUF with hp's shapes and types (random weights unless given), a minimal
-    tokenizer, and return the f32 values the file holds *after* quantization (what ggml computes with)."""
+    """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given), a
+    minimal tokenizer, and return the f32 values the file holds *after* quantization (what ggml computes
+    with). The keys are the common ones (per-layer sizes as arrays) and the architecture's
+    (``Architecture.gguf_keys``)."""
     from gguf import GGUFWriter
 
     vals = dict(values) if values is not None else random_weights(hp, seed)
-    w = GGUFWriter(str(path), "llama")
+    arch = hp.architecture
+    w = GGUFWriter(str(path), arch.name)
     w.add_name(hp.name)
     w.add_block_count(hp.n_layer)
     w.add_context_length(hp.n_ctx_train)
     w.add_embedding_length(hp.n_embd)
-    w.add_feed_forward_length(hp.n_ff)
-    w.add_head_count(hp.n_head)
-    w.add_head_count_kv(hp.n_head_kv)
+    w.add_feed_forward_length(_per_layer(hp.n_ff_arr))
+    w.add_head_count(_per_layer(hp.n_head_arr))
+    w.add_head_count_kv(_per_layer(hp.n_head_kv_arr))
+    if hp.n_embd_head_k_ is not None:
+        w.add_key_length(hp.n_embd_head_k)
+    if hp.n_embd_head_v_ is not None:
+        w.add_value_length(hp.n_embd_head_v)
     w.add_rope_dimension_count(hp.n_rot)
     w.add_layer_norm_rms_eps(hp.eps)
     w.add_rope_freq_base(hp.rope_freq_base)
@@ -124,6 +131,8 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
         w.add_expert_used_count(hp.moe.n_expert_used)
         if hp.moe.n_ff_exp:
             w.add_expert_feed_forward_length(hp.moe.n_ff_exp)
+    for key, value in arch.gguf_keys(hp).items():
+        _add_key(w, f"{arch.name}.{key}", value)
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
     w.add_token_scores([0.0] * hp.n_vocab)
@@ -138,3 +147,21 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
     w.write_tensors_to_file()
     w.close()
     return stored
+
+
+def _per_layer(v: int | tuple[int, ...]) -> int | list[int]:
+    return v if isinstance(v, int) else list(v)
+
+
+def _add_key(w: Any, key: str, value: Any) -> None:
+    """One architecture key, typed as llama.cpp reads it: bool, uint32, float32, or an array of them."""
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, list | tuple):
+        w.add_array(key, list(value))
+    else:
+        raise TypeError(f"GGUF key {key}: {value!r} is not a bool, int, float or list")

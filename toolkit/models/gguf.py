@@ -3,17 +3,16 @@
 One reader (:mod:`toolkit.models.gguf_file`) serves planning (``Context("x.gguf")``) and the
 runtime (``toolkit.jaxrt.gguf_io.read_gguf``), so both get the same hyperparameters.
 
-``ARCHITECTURES`` maps ``general.architecture`` to the function that reads that architecture's
-hyperparameters, as ``llm_load_hparams`` switches on ``LLM_ARCH_*``; adding an architecture is
-adding an entry. Such a function reads its keys through the file's accessors
-(``f.get_int(f.arch_key("attention.sliding_window"))`` and so on), which raise a typed error
-for a key of the wrong type.
+As ``llama_model::load_hparams`` does, :func:`common_hparams` reads the keys every architecture
+has (sizes per layer through :func:`get_key_or_arr`), and the registered architecture
+(:mod:`toolkit.models.archs`) reads its own (``Architecture.read_hparams``, its
+``load_arch_hparams``) through the file's accessors (``f.get_int(f.arch_key(...))`` and so on),
+which raise a typed error for a key of the wrong type.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,9 @@ import numpy as np
 
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
-from toolkit.models import moe
-from toolkit.models.gguf_file import GGUFFile, open_gguf
-from toolkit.models.hparams import SUPPORTED_ARCHS, LlamaHParams
+from toolkit.models import archs, moe
+from toolkit.models.gguf_file import INT_TYPES, GGUFArray, GGUFFile, open_gguf
+from toolkit.models.hparams import LlamaHParams
 
 
 def weight_types(f: GGUFFile) -> tuple[GGMLType, dict[str, GGMLType]]:
@@ -66,39 +65,88 @@ def check_shapes(f: GGUFFile, weights: Any) -> None:
                             t.info_offset, w.name)
 
 
-def llama_hparams(f: GGUFFile) -> LlamaHParams:
-    """``LLM_ARCH_LLAMA``: the keys ``llm_load_hparams`` reads, and the weight types."""
+def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = None) -> int | tuple[int, ...] | None:
+    """``llama_model_loader::get_key_or_arr``: ``{arch}.{name}`` as one integer (every layer) or an
+    array, which must have exactly ``n_layer`` entries; ``default`` if the key is absent."""
+    key = f.arch_key(name)
+    arr = f.get(key)
+    if not isinstance(arr, GGUFArray):
+        return f.get_int(key, default)
+    if len(arr) != n_layer:
+        raise GGUFError(f.path, f"key has wrong array length; expected {n_layer}, got {len(arr)}",
+                        f.fields[key].offset, key)
+    if arr.type not in INT_TYPES:
+        raise GGUFError(f.path, f"expected an array of integers, found {arr.type.name} elements",
+                        f.fields[key].offset, key)
+    return tuple(int(v) for v in arr.tolist())
+
+
+def common_hparams(f: GGUFFile) -> dict[str, Any]:
+    """The keys ``llama_model::load_hparams`` reads for every architecture, as hyperparameter arguments:
+    sizes (``feed_forward_length``, ``attention.head_count`` and ``head_count_kv`` per layer or not),
+    head sizes, RoPE, the MoE keys, ``rope_freqs.weight`` (Llama-3.x rope scaling, read as values)
+    and the weight types."""
 
     def req(name: str) -> int:
         return f.require_int(f.arch_key(name))
 
-    n_embd, n_head = req("embedding_length"), req("attention.head_count")
+    n_embd = req("embedding_length")
     n_layer = req("block_count")
     if n_layer > len(f.tensors):  # each block has its own weights; refuse before listing them
         key = f.arch_key("block_count")
         raise GGUFError(f.path, f"{n_layer} blocks, but the file has {len(f.tensors)} tensors",
                         f.fields[key].offset, key)
+    n_head = get_key_or_arr(f, "attention.head_count", n_layer)
+    if n_head is None:
+        raise GGUFError(f.path, "required key is missing", None, f.arch_key("attention.head_count"))
+    n_ff = get_key_or_arr(f, "feed_forward_length", n_layer)
+    if n_ff is None:
+        raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
+    n_head_kv = get_key_or_arr(f, "attention.head_count_kv", n_layer)  # default: n_head_arr
     dtype, overrides = weight_types(f)
+    head0 = n_head if isinstance(n_head, int) else n_head[0]
+    head_default = n_embd // head0 if head0 else 0
+    head_k = f.get_int(f.arch_key("attention.key_length"))
+    head_v = f.get_int(f.arch_key("attention.value_length"))
     rot = f.get_int(f.arch_key("rope.dimension_count"))
-    head = f.get_int(f.arch_key("attention.key_length"))
-    head_default = n_embd // n_head if n_head else 0
-    # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
-    moe_p = moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors))
+    out: dict[str, Any] = {
+        "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
+        "n_head_kv": n_head if n_head_kv is None else n_head_kv, "n_ff": n_ff,
+        "n_vocab": n_vocab(f), "n_ctx_train": f.get_int(f.arch_key("context_length"), 4096) or 0,
+        "n_embd_head_k_": None if head_k is None or head_k == head_default else head_k,
+        "n_embd_head_v_": None if head_v is None or head_v == head_default else head_v,
+        "n_rot_": None if rot is None or rot == (head_k if head_k is not None else head_default) else rot,
+        "rope_freq_base": f.get_float(f.arch_key("rope.freq_base"), 10000.0) or 0.0,
+        "eps": f.get_float(f.arch_key("attention.layer_norm_rms_epsilon"), 1e-5) or 0.0,
+        "tied": "output.weight" not in f.tensors, "dtype": dtype, "tensor_types": overrides,
+        "name": f.get_str("general.name") or Path(f.path).stem,
+        # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
+        "moe": moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors)),
+    }
+    if "rope_freqs.weight" in f.tensors:
+        out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
+    return out
+
+
+def hparams_from_gguf(source: str | Path | GGUFFile) -> LlamaHParams:
+    """A GGUF file's hyperparameters and weight types: the common keys, then the registered
+    architecture's own (``Architecture.read_hparams``, its ``load_arch_hparams``), then every weight
+    checked against the architecture's tensors.
+
+    ``source`` is a path or an already opened :class:`GGUFFile` (so a caller parses the file once).
+    Raises GGUFError for a file that cannot be read and UnsupportedFeature for an architecture that
+    is not registered (:mod:`toolkit.models.archs`).
+    """
+    f = source if isinstance(source, GGUFFile) else open_gguf(source)
+    name = f.get_str("general.architecture")
+    if name is None:
+        raise GGUFError(f.path, "required key is missing", None, "general.architecture")
     try:
-        hp = LlamaHParams(
-            n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-            n_head_kv=f.get_int(f.arch_key("attention.head_count_kv"), n_head) or 0,
-            n_ff=req("feed_forward_length"), n_vocab=n_vocab(f),
-            n_ctx_train=f.get_int(f.arch_key("context_length"), 4096) or 0,
-            n_embd_head_=None if head is None or head == head_default else head,
-            n_rot_=None if rot is None or rot == (head if head is not None else head_default) else rot,
-            rope_freq_base=f.get_float(f.arch_key("rope.freq_base"), 10000.0) or 0.0,
-            eps=f.get_float(f.arch_key("attention.layer_norm_rms_epsilon"), 1e-5) or 0.0,
-            tied="output.weight" not in f.tensors, dtype=dtype, tensor_types=overrides,
-            name=f.get_str("general.name") or Path(f.path).stem,
-            moe=moe_p,
-            **arch_hparams(f),
-        )
+        arch = archs.get(name)
+    except UnsupportedFeature as e:
+        raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
+    try:
+        hp = LlamaHParams(**common_hparams(f), arch=name, **arch.read_hparams(f))
     except (GGUFError, UnsupportedFeature):
         raise
     except ValueError as e:
@@ -107,47 +155,4 @@ def llama_hparams(f: GGUFFile) -> LlamaHParams:
     return hp
 
 
-def arch_hparams(f: GGUFFile) -> dict[str, Any]:
-    """The keys of qwen3/gemma3 and Llama-3.x files beyond llama's (``llm_load_hparams``):
-    ``rope_freqs.weight`` (llama3 rope scaling, read as values), and gemma3's sliding window
-    (``attention.sliding_window``; ``attention.sliding_window_pattern``, default 6;
-    ``rope.freq_base_swa``, default 10000)."""
-    out: dict[str, Any] = {"arch": f.architecture}
-    if "rope_freqs.weight" in f.tensors:
-        out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
-    if f.architecture == "gemma3":
-        n_swa = f.get_int(f.arch_key("attention.sliding_window"))
-        if n_swa:
-            key = f.arch_key("attention.sliding_window_pattern")
-            if f.get(key) is not None and not isinstance(f.get(key), int):
-                raise UnsupportedFeature(key, f"{f.path}: {key} is a per-layer array; only a period is supported")
-            out["n_swa"] = n_swa
-            out["swa_pattern"] = f.get_int(key, 6)
-            out["rope_freq_base_swa"] = f.get_float(f.arch_key("rope.freq_base_swa"), 10000.0)
-    return out
-
-
-# general.architecture -> the function reading its hyperparameters (llama's keys serve qwen3 and gemma3,
-# which add theirs through arch_hparams); the supported ones are those with a graph builder
-ARCHITECTURES: dict[str, Callable[[GGUFFile], Any]] = {arch: llama_hparams for arch in SUPPORTED_ARCHS}
-
-
-def hparams_from_gguf(source: str | Path | GGUFFile) -> Any:
-    """A GGUF file's hyperparameters and weight types, for the architectures in ``ARCHITECTURES``.
-
-    ``source`` is a path or an already opened :class:`GGUFFile` (so a caller parses the file once).
-    Raises GGUFError for a file that cannot be read and UnsupportedFeature for another architecture.
-    """
-    f = source if isinstance(source, GGUFFile) else open_gguf(source)
-    arch = f.get_str("general.architecture")
-    if arch is None:
-        raise GGUFError(f.path, "required key is missing", None, "general.architecture")
-    read = ARCHITECTURES.get(arch)
-    if read is None:
-        raise UnsupportedFeature(f"architecture {arch}", f"{f.path}: architecture {arch!r} is not supported "
-                                 f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return read(f)
-
-
-__all__ = ["ARCHITECTURES", "arch_hparams", "check_shapes", "hparams_from_gguf", "llama_hparams", "n_vocab",
-           "weight_types"]
+__all__ = ["check_shapes", "common_hparams", "get_key_or_arr", "hparams_from_gguf", "n_vocab", "weight_types"]

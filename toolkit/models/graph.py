@@ -31,8 +31,6 @@ from toolkit.models.loader import KVCache, LoadedModel
 from toolkit.models.moe import build_moe_ffn
 
 I64 = GGMLType.I64
-ROPE_TYPE_NORM = 0
-ROPE_TYPE_NEOX = 2
 
 
 @dataclass
@@ -161,7 +159,7 @@ class GraphBuilder:
     def _attn_inp(self, res: LlamaGraph, kv: KVCache, suffix: str) -> AttnInput:
         n_tokens = res.n_tokens
         k_idxs = ops.new_tensor_1d(I64, n_tokens).set_input()
-        v_idxs = ops.new_tensor_1d(I64, n_tokens * (self.hp.n_embd_v_gqa if kv.v_trans else 1)).set_input()
+        v_idxs = ops.new_tensor_1d(I64, n_tokens * (self.hp.n_embd_v_gqa_max() if kv.v_trans else 1)).set_input()
         mask_type = F16 if self.flash_attn else F32
         _, ns = _stream_range(res, kv)
         kq_mask = ops.new_tensor_4d(mask_type, kv.kv_size, n_tokens // ns, 1, ns, "attn_inp_kq_mask")
@@ -190,11 +188,11 @@ class GraphBuilder:
         return ops.mul(cur, w)
 
     def rope(self, x: Tensor, pos: Tensor, il: int) -> Tensor:
-        """``ggml_rope_ext`` with the layer's base and ``rope_freqs`` (the freq-factors source) if any."""
+        """``ggml_rope_ext`` with the architecture's RoPE type, the layer's base and ``rope_freqs`` (the
+        freq-factors source) if any."""
         hp = self.hp
         factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
-        return ops.rope_ext(x, pos, factors, hp.n_rot, ROPE_TYPE_NORM if hp.arch == "llama" else ROPE_TYPE_NEOX,
-                            hp.n_ctx_train, hp.rope_base(il))
+        return ops.rope_ext(x, pos, factors, hp.n_rot, hp.architecture.rope_type, hp.n_ctx_train, hp.rope_base(il))
 
     def wo_in(self, il: int) -> Tensor:
         return self.model.w(f"blk.{il}.attn_output.weight")
@@ -267,21 +265,23 @@ class GraphBuilder:
         k = kv.k_of(il)
         hp = self.hp
         t = k.type
-        H, n_kv = hp.n_embd_head, kv.kv_size
+        H, n_kv = hp.n_embd_head_k, kv.kv_size
         s0, ns = _stream_range(res, kv)
         stream = t.row_size(k.ne[0] * n_kv)
-        return ops.view_4d(k, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(k.ne[0]), stream, stream * s0)
+        return ops.view_4d(k, H, hp.n_head_kv(il), n_kv, ns, t.row_size(H), t.row_size(k.ne[0]), stream, stream * s0)
 
     def _get_v(self, res: LlamaGraph, kv: KVCache, il: int) -> Tensor:
         v = kv.v_of(il)
         hp = self.hp
         t = v.type
-        H, n_kv = hp.n_embd_head, kv.kv_size
+        H, n_kv = hp.n_embd_head_v, kv.kv_size
         s0, ns = _stream_range(res, kv)
         stream = t.row_size(n_kv * v.ne[0])
         if not kv.v_trans:
-            return ops.view_4d(v, H, hp.n_head_kv, n_kv, ns, t.row_size(H), t.row_size(v.ne[0]), stream, stream * s0)
-        return ops.view_4d(v, n_kv, hp.n_head_kv, H, ns, t.row_size(n_kv * H), t.row_size(n_kv), stream, stream * s0)
+            return ops.view_4d(v, H, hp.n_head_kv(il), n_kv, ns, t.row_size(H), t.row_size(v.ne[0]), stream,
+                               stream * s0)
+        return ops.view_4d(v, n_kv, hp.n_head_kv(il), H, ns, t.row_size(n_kv * H), t.row_size(n_kv), stream,
+                           stream * s0)
 
     def _attn_mha(self, res: LlamaGraph, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
                   kq_scale: float) -> Tensor:
@@ -317,14 +317,14 @@ class GraphBuilder:
         """Q, K, V projections reshaped to heads (``Qcur``/``Kcur``/``Vcur``)."""
         hp, m, cb = self.hp, self.model, self.cb
         p = f"blk.{il}."
-        H, n_tokens = hp.n_embd_head, cur.ne[1]
+        Hk, Hv, n_tokens = hp.n_embd_head_k, hp.n_embd_head_v, cur.ne[1]
         q = cb(res, ops.mul_mat(m.w(p + "attn_q.weight"), cur), "Qcur", il)
         k = cb(res, ops.mul_mat(m.w(p + "attn_k.weight"), cur), "Kcur", il)
         v = cb(res, ops.mul_mat(m.w(p + "attn_v.weight"), cur), "Vcur", il)
-        q = cb(res, ops.reshape_3d(q, H, hp.n_head, n_tokens), "Qcur", il)
-        k = cb(res, ops.reshape_3d(k, H, hp.n_head_kv, n_tokens), "Kcur", il)
-        v = cb(res, ops.reshape_3d(v, H, hp.n_head_kv, n_tokens), "Vcur", il)
+        q = cb(res, ops.reshape_3d(q, Hk, hp.n_head(il), n_tokens), "Qcur", il)
+        k = cb(res, ops.reshape_3d(k, Hk, hp.n_head_kv(il), n_tokens), "Kcur", il)
+        v = cb(res, ops.reshape_3d(v, Hv, hp.n_head_kv(il), n_tokens), "Vcur", il)
         return q, k, v
 
     def kq_scale(self) -> float:
-        return 1.0 / math.sqrt(float(self.hp.n_embd_head))
+        return 1.0 / math.sqrt(float(self.hp.n_embd_head_k))

@@ -1,60 +1,125 @@
 """Model hyperparameters and the model's weight tensors (``llama_hparams`` + ``llm_tensor`` names).
 
-A :class:`LlamaHParams` describes a model of one of the architectures the toolkit builds
-(``llama`` with or without experts, ``qwen3``, ``qwen3moe``, ``gemma3``; :data:`SUPPORTED_ARCHS`)
-well enough to build llama.cpp's graph and to size its weights: the shapes, the type of every
-weight (``dtype`` for 2-D matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``),
-whether the output head is tied to the token embedding, the ``rope_freqs`` factors of Llama-3.x files, and the
-sliding window of iSWA models (``n_swa``, ``swa_pattern``: ``llama_hparams::set_swa_pattern``).
+A :class:`LlamaHParams` describes a model of one of the registered architectures
+(:mod:`toolkit.models.archs`) well enough to build llama.cpp's graph and to size its weights, with
+``llama_hparams``' names and per-layer accessors:
+
+- sizes per layer: ``n_head(il)``, ``n_head_kv(il)``, ``n_ff(il)`` (a GGUF may carry a per-layer
+  array for each, ``llama_model_loader::get_key_or_arr``), ``n_embd_k_gqa(il)``, ``n_embd_v_gqa(il)``;
+- head sizes per role: ``n_embd_head_k`` and ``n_embd_head_v`` (``attention.key_length`` /
+  ``attention.value_length``, default ``n_embd / n_head``);
+- features as small records that check themselves: the sliding window (:class:`SWAParams`,
+  ``is_swa(il)``), the experts (:class:`~toolkit.models.moe.MoEParams`); ``is_recr(il)`` is False
+  for every architecture built so far;
+- the weights: shapes from the architecture's record, the type of each (``dtype`` for 2-D
+  matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``), whether the output head
+  is tied to the token embedding, and the ``rope_freqs`` factors of Llama-3.x files.
+
+The constructor takes ``n_head``, ``n_head_kv`` and ``n_ff`` as one value for every layer or a
+sequence of ``n_layer`` values (stored as ``n_head_arr`` & co.: an int when every layer agrees).
 
 >>> from toolkit.models import presets
 >>> hp = presets.tiny()
->>> hp.n_embd_head, hp.n_embd_k_gqa, hp.n_tensors
+>>> hp.n_embd_head_k, hp.n_embd_k_gqa(0), hp.n_tensors
 (16, 32, 21)
 >>> [w.name for w in hp.weights()][:3]
 ['token_embd.weight', 'blk.0.attn_norm.weight', 'blk.0.attn_q.weight']
+>>> LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=128).n_embd_k_gqa(1)
+64
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from toolkit.errors import ToolkitError, UnsupportedFeature
+from toolkit.errors import ToolkitError
 from toolkit.ggml.types import F16, F32, GGMLType
+from toolkit.models import archs
 from toolkit.models import moe as moe_ffn
 from toolkit.models.moe import MoEParams
+
+if TYPE_CHECKING:
+    from toolkit.models.archs import Architecture
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
 # WeightInfo.layer of rope_freqs.weight: one copy per buffer type of the repeating layers
 ROPE_FREQS_LAYER = -2
 
-# the architectures with a graph builder (toolkit.models.archs); anything else is refused
-SUPPORTED_ARCHS = ("llama", "qwen3", "gemma3", "qwen3moe")
-# architectures whose attention RMS-normalises Q and K per head (attn_q_norm / attn_k_norm)
-QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
-
-# the per-layer weights of each architecture, in the order a GGUF writer stores them
-_LAYER_TENSORS: dict[str, tuple[str, ...]] = {
-    "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-              "ffn_down"),
-    "qwen3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
-              "ffn_gate", "ffn_down", "ffn_up"),
-    # qwen3's attention; the expert tensors (toolkit.models.moe.layer_tensors) follow ffn_norm
-    "qwen3moe": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm"),
-    "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
-               "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up", "post_ffw_norm"),
-}
+PerLayer = int | tuple[int, ...]
 
 
-def check_arch(arch: str) -> str:
-    """``arch`` if the toolkit builds its graph, else UnsupportedFeature naming the supported ones."""
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedFeature(
-            "arch", f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
-    return arch
+@dataclass(frozen=True)
+class SWAParams:
+    """A sliding window (``LLAMA_SWA_TYPE_STANDARD``): ``window`` cells (``n_swa``); which layers use it,
+    either ``pattern`` (``llama_hparams::set_swa_pattern(n)``: layer il if ``il % n < n - 1``; 0: every
+    layer) or per-layer ``layers`` flags; the RoPE base of those layers (``rope_freq_base_train_swa``;
+    None: the model's base)."""
+
+    window: int
+    pattern: int = 0
+    rope_freq_base: float | None = None
+    layers: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window <= 0:
+            raise ToolkitError(f"sliding window {self.window!r} must be an integer > 0")
+        if not isinstance(self.pattern, int) or self.pattern < 0:
+            raise ToolkitError(f"sliding window pattern {self.pattern!r} must be an integer >= 0")
+        if self.layers is not None:
+            if self.pattern:
+                raise ToolkitError("a sliding window takes a pattern or per-layer flags, not both")
+            object.__setattr__(self, "layers", tuple(bool(x) for x in self.layers))
+        if self.rope_freq_base is not None:
+            object.__setattr__(self, "rope_freq_base", float(self.rope_freq_base))
+
+    def is_swa(self, il: int) -> bool:
+        if self.layers is not None:
+            return self.layers[il]
+        n = self.pattern
+        return n == 0 or il % n < n - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"window": self.window, "pattern": self.pattern,
+                               "rope_freq_base_swa": self.rope_freq_base}
+        if self.layers is not None:
+            out["layers"] = list(self.layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SWAParams:
+        """From a model dict's ``swa`` entry (``window``, ``pattern``, ``rope_freq_base_swa``, ``layers``)."""
+        base = d.get("rope_freq_base_swa")
+        layers = d.get("layers")
+        return cls(int(d["window"]), int(d.get("pattern", 0)), None if base is None else float(base),
+                   None if layers is None else tuple(bool(x) for x in layers))
+
+
+def _per_layer(what: str, value: int | Sequence[int], n_layer: int) -> PerLayer:
+    """``get_key_or_arr``: one value for every layer, or exactly n_layer values; an int when they agree."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        vals: tuple[Any, ...] = (value,)
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        vals = tuple(value)
+        if len(vals) != n_layer:
+            raise ToolkitError(f"{what} has {len(vals)} per-layer values; n_layer={n_layer} needs {n_layer}")
+    else:
+        raise ToolkitError(f"{what} must be a positive integer or one per layer, got {value!r}")
+    for v in vals:
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ToolkitError(f"{what} must be a positive integer, got {v!r}")
+    return vals[0] if len(set(vals)) == 1 else vals
+
+
+def _at(v: PerLayer, il: int) -> int:
+    return v if isinstance(v, int) else v[il]
+
+
+def _as_list(v: PerLayer) -> int | list[int]:
+    return v if isinstance(v, int) else list(v)
 
 
 @dataclass(frozen=True)
@@ -76,102 +141,151 @@ class WeightInfo:
         return n
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LlamaHParams:
-    """The hyperparameters llama.cpp reads from a llama GGUF (``print_info``)."""
+    """The hyperparameters llama.cpp reads from a GGUF (``llama_hparams``, ``print_info``)."""
 
     n_layer: int
     n_embd: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
+    n_head_arr: PerLayer                # attention.head_count: one value, or one per layer
+    n_head_kv_arr: PerLayer             # attention.head_count_kv (default: n_head)
+    n_ff_arr: PerLayer                  # feed_forward_length
     n_vocab: int = 32000
     n_ctx_train: int = 4096
-    n_embd_head_: int | None = None     # None: n_embd / n_head
-    n_rot_: int | None = None           # None: the head dimension
+    n_embd_head_k_: int | None = None   # attention.key_length; None: n_embd / n_head
+    n_embd_head_v_: int | None = None   # attention.value_length; None: n_embd / n_head
+    n_rot_: int | None = None           # rope.dimension_count; None: n_embd_head_k
     rope_freq_base: float = 10000.0
     eps: float = 1e-5
     tied: bool = False
     dtype: GGMLType = F32               # type of the 2-D weight matrices
     tensor_types: Mapping[str, GGMLType] = field(default_factory=dict)  # suffix → type overrides
     name: str = "llama"
-    arch: str = "llama"                 # general.architecture (SUPPORTED_ARCHS)
+    arch: str = "llama"                 # general.architecture: a name in toolkit.models.archs
     rope_freqs: tuple[float, ...] | None = None  # rope_freqs.weight (Llama-3.x rope scaling), n_rot/2 factors
-    n_swa: int = 0                      # sliding window (attention.sliding_window); 0: none
-    swa_pattern: int = 0                # set_swa_pattern(n_pattern): layer il is SWA if il % n < n - 1
-    rope_freq_base_swa: float | None = None  # rope.freq_base_swa (SWA layers); None: rope_freq_base
-    moe: MoEParams | None = None        # Mixtral-style experts (build_moe_ffn) instead of the dense FFN
+    swa: SWAParams | None = None        # the sliding window of iSWA models
+    moe: MoEParams | None = None        # experts (build_moe_ffn) instead of the dense FFN
 
-    def __post_init__(self) -> None:
-        check_arch(self.arch)
+    def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
+                 n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
+                 n_vocab: int = 32000, n_ctx_train: int = 4096, n_embd_head_k_: int | None = None,
+                 n_embd_head_v_: int | None = None, n_rot_: int | None = None, rope_freq_base: float = 10000.0,
+                 eps: float = 1e-5, tied: bool = False, dtype: GGMLType | str = F32,
+                 tensor_types: Mapping[str, GGMLType | str] | None = None, name: str = "llama", arch: str = "llama",
+                 rope_freqs: Sequence[float] | None = None, swa: SWAParams | None = None,
+                 moe: MoEParams | None = None, n_head_arr: PerLayer | None = None,
+                 n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
+        """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
+        fields, are what ``dataclasses.replace`` passes back)."""
+        for f, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_vocab", n_vocab), ("n_ctx_train", n_ctx_train)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ToolkitError(f"{f} must be a positive integer, got {v!r}")
+        heads = n_head if n_head is not None else n_head_arr
+        ff = n_ff if n_ff is not None else n_ff_arr
+        if heads is None or ff is None:
+            raise ToolkitError("n_head and n_ff are required")
+        heads = _per_layer("n_head", heads, n_layer)
+        kv = n_head_kv if n_head_kv is not None else n_head_kv_arr
+        kv = heads if kv is None else _per_layer("n_head_kv", kv, n_layer)
+        ff = _per_layer("n_ff", ff, n_layer)
+        s = object.__setattr__
+        for k, val in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head_arr", heads), ("n_head_kv_arr", kv),
+                       ("n_ff_arr", ff), ("n_vocab", n_vocab), ("n_ctx_train", n_ctx_train),
+                       ("n_embd_head_k_", n_embd_head_k_), ("n_embd_head_v_", n_embd_head_v_), ("n_rot_", n_rot_),
+                       ("rope_freq_base", rope_freq_base), ("eps", eps), ("tied", tied),
+                       ("dtype", GGMLType.parse(dtype)),
+                       ("tensor_types", {k2: GGMLType.parse(v2) for k2, v2 in dict(tensor_types or {}).items()}),
+                       ("name", name), ("arch", arch), ("rope_freqs", rope_freqs), ("swa", swa), ("moe", moe)):
+            s(self, k, val)
+        self._check()
+
+    def _check(self) -> None:
+        arch = archs.get(self.arch)   # UnsupportedFeature naming the registered architectures
+        for il in range(self.n_layer):
+            if self.n_head(il) % self.n_head_kv(il):
+                raise ToolkitError(f"n_head={self.n_head(il)} is not a multiple of n_head_kv={self.n_head_kv(il)}"
+                                   + (f" (layer {il})" if not isinstance(self.n_head_arr, int) else ""))
+        if (self.n_embd_head_k_ is None or self.n_embd_head_v_ is None) and self.n_embd % self.n_head(0):
+            raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head(0)}")
         if self.rope_freqs is not None:
             rf = tuple(float(x) for x in self.rope_freqs)
             if len(rf) != self.n_rot // 2:
                 raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)
-        if not isinstance(self.n_swa, int) or self.n_swa < 0 or not isinstance(self.swa_pattern, int) \
-                or self.swa_pattern < 0:
-            raise ToolkitError(f"n_swa={self.n_swa!r} and swa_pattern={self.swa_pattern!r} must be integers >= 0")
-        for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ToolkitError(f"{f} must be a positive integer, got {v!r}")
-        if self.n_head % self.n_head_kv:
-            raise ToolkitError(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
-        if self.n_embd_head_ is None and self.n_embd % self.n_head:
-            raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}")
-        object.__setattr__(self, "dtype", GGMLType.parse(self.dtype))
-        object.__setattr__(self, "tensor_types", {k: GGMLType.parse(v) for k, v in dict(self.tensor_types).items()})
+        if self.swa is not None and self.swa.layers is not None and len(self.swa.layers) != self.n_layer:
+            raise ToolkitError(f"the sliding window has {len(self.swa.layers)} per-layer flags; "
+                               f"n_layer={self.n_layer} needs {self.n_layer}")
+        arch.check(self)
 
-    # ---- derived sizes (llama_hparams) ---------------------------------------------------
+    # ---- the architecture (toolkit.models.archs) --------------------------------------------
     @property
-    def n_embd_head(self) -> int:
-        return self.n_embd_head_ if self.n_embd_head_ is not None else self.n_embd // self.n_head
+    def architecture(self) -> Architecture:
+        """The registered record of ``arch``: its tensors, builder, RoPE type, memory kind, max_nodes rule."""
+        return archs.get(self.arch)
+
+    # ---- sizes per layer (llama_hparams) ----------------------------------------------------
+    def n_head(self, il: int = 0) -> int:
+        return _at(self.n_head_arr, il)
+
+    def n_head_kv(self, il: int = 0) -> int:
+        return _at(self.n_head_kv_arr, il)
+
+    def n_ff(self, il: int = 0) -> int:
+        return _at(self.n_ff_arr, il)
+
+    def n_gqa(self, il: int = 0) -> int:
+        return self.n_head(il) // self.n_head_kv(il)
+
+    @property
+    def n_embd_head_k(self) -> int:
+        return self.n_embd_head_k_ if self.n_embd_head_k_ is not None else self.n_embd // self.n_head(0)
+
+    @property
+    def n_embd_head_v(self) -> int:
+        return self.n_embd_head_v_ if self.n_embd_head_v_ is not None else self.n_embd // self.n_head(0)
 
     @property
     def n_rot(self) -> int:
-        return self.n_rot_ if self.n_rot_ is not None else self.n_embd_head
+        return self.n_rot_ if self.n_rot_ is not None else self.n_embd_head_k
 
-    @property
-    def n_gqa(self) -> int:
-        return self.n_head // self.n_head_kv
+    def n_embd_k_gqa(self, il: int = 0) -> int:
+        return self.n_embd_head_k * self.n_head_kv(il)
 
-    @property
-    def n_embd_k_gqa(self) -> int:
-        return self.n_embd_head * self.n_head_kv
+    def n_embd_v_gqa(self, il: int = 0) -> int:
+        return self.n_embd_head_v * self.n_head_kv(il)
 
-    @property
-    def n_embd_v_gqa(self) -> int:
-        return self.n_embd_head * self.n_head_kv
+    def n_embd_k_gqa_max(self) -> int:
+        return max(self.n_embd_k_gqa(il) for il in range(self.n_layer))
 
-    # ---- architecture features (llama_hparams / llm_build_*) --------------------------------
+    def n_embd_v_gqa_max(self) -> int:
+        return max(self.n_embd_v_gqa(il) for il in range(self.n_layer))
+
+    # ---- features ---------------------------------------------------------------------------
     @property
-    def qk_norm(self) -> bool:
-        """attn_q_norm / attn_k_norm RMS norms on Q and K before RoPE (qwen3, gemma3)."""
-        return self.arch in QK_NORM_ARCHS
+    def n_swa(self) -> int:
+        """``llama_hparams::n_swa``: the sliding window in cells, 0 without one."""
+        return self.swa.window if self.swa is not None else 0
 
     @property
     def is_swa_any(self) -> bool:
-        return self.n_swa > 0
+        """A sliding window is set (llama.cpp's ``swa_type != LLAMA_SWA_TYPE_NONE``, which
+        ``llama_model::create_memory`` reads to make iSWA's two caches)."""
+        return self.swa is not None
 
     def is_swa(self, il: int) -> bool:
-        """``llama_hparams::is_swa``: layer il attends through the sliding window (set_swa_pattern)."""
-        if self.n_swa == 0:
-            return False
-        n = self.swa_pattern
-        return n == 0 or il % n < n - 1
+        """``llama_hparams::is_swa``: layer il attends through the sliding window."""
+        return self.swa is not None and self.swa.is_swa(il)
+
+    def is_recr(self, il: int) -> bool:
+        """``llama_hparams::is_recr``: layer il keeps a recurrent state (no architecture built so far)."""
+        del il
+        return False
 
     def rope_base(self, il: int) -> float:
         """``llama_model::get_rope_freq_base``: the SWA base on SWA layers."""
-        if self.is_swa(il) and self.rope_freq_base_swa is not None:
-            return self.rope_freq_base_swa
+        if self.swa is not None and self.swa.rope_freq_base is not None and self.is_swa(il):
+            return self.swa.rope_freq_base
         return self.rope_freq_base
-
-    @property
-    def f_attention_scale(self) -> float:
-        """gemma3's Q scale: 1/sqrt(n_embd_head_k), but 1/sqrt(n_embd/n_head) for the 27B (62 layers)."""
-        d = self.n_embd // self.n_head if self.n_layer == 62 else self.n_embd_head
-        return 1.0 / float(d) ** 0.5
 
     # ---- weights --------------------------------------------------------------------------
     def tensor_type(self, name: str, ne: tuple[int, ...]) -> GGMLType:
@@ -194,55 +308,43 @@ class LlamaHParams:
         return WeightInfo(name, ne, self.tensor_type(name, ne), layer, op)
 
     def weights(self) -> list[WeightInfo]:
-        """The GGUF's tensors in file order: token_embd, the blocks, output_norm, output.
+        """The GGUF's tensors in file order: token_embd, the blocks (the architecture's
+        ``layer_tensors``), output_norm, output.
 
         The order matters for the memory-mapped CPU buffer, which spans the file range of
         the tensors it holds (llama_model_loader::get_mapping_range).
         """
-        E, H = self.n_embd, self.n_embd_head
+        return list(self._weights)
+
+    @cached_property
+    def _weights(self) -> tuple[WeightInfo, ...]:
+        E = self.n_embd
         out = []
         if self.rope_freqs is not None:
             # convert_hf_to_gguf writes it first; llama.cpp duplicates it per repeating layer's buffer type
             out.append(WeightInfo("rope_freqs.weight", (self.n_rot // 2,), F32, ROPE_FREQS_LAYER, "ROPE"))
         out.append(self._w("token_embd.weight", (E, self.n_vocab), -1, "GET_ROWS"))
-        shapes = {
-            "attn_norm": (E,), "attn_q": (E, H * self.n_head), "attn_k": (E, self.n_embd_k_gqa),
-            "attn_v": (E, self.n_embd_v_gqa), "attn_output": (H * self.n_head, E), "ffn_norm": (E,),
-            "ffn_gate": (E, self.n_ff), "ffn_up": (E, self.n_ff), "ffn_down": (self.n_ff, E),
-            "attn_q_norm": (H,), "attn_k_norm": (H,), "post_attention_norm": (E,), "post_ffw_norm": (E,),
-        }
-        moe = self.moe
+        arch = self.architecture
         for il in range(self.n_layer):
-            for t in _LAYER_TENSORS[self.arch]:
-                if moe is not None and t in ("ffn_gate", "ffn_up", "ffn_down"):
-                    continue
-                ne = shapes[t]
-                out.append(self._w(f"blk.{il}.{t}.weight", ne, il, "MUL" if len(ne) == 1 else "MUL_MAT"))
-            if moe is not None:
-                out += self._moe_weights(moe, il)
+            for t in arch.layer_tensors(self, il):
+                name = f"blk.{il}.{t.suffix}.weight"
+                if t.keep_f32 and not any(name.endswith(s) for s in self.tensor_types):
+                    out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
+                else:
+                    out.append(self._w(name, t.ne, il, t.op))
         out.append(self._w("output_norm.weight", (E,), self.n_layer, "MUL"))
         if not self.tied:
             out.append(self._w("output.weight", (E, self.n_vocab), self.n_layer))
-        return out
-
-    def _moe_weights(self, moe: MoEParams, il: int) -> list[WeightInfo]:
-        out = []
-        for suffix, ne, op, router in moe_ffn.layer_tensors(moe, self.n_embd, self.n_ff):
-            name = f"blk.{il}.{suffix}.weight"
-            w = self._w(name, ne, il, op)
-            if router and not any(name.endswith(s) for s in self.tensor_types):
-                w = WeightInfo(name, ne, F32, il, op)  # the router stays F32 (llama-quantize skips it)
-            out.append(w)
-        return out
+        return tuple(out)
 
     @property
     def n_tensors(self) -> int:
         """The GGUF's tensor count (a loaded model may add a duplicate of token_embd, see LoadedModel)."""
-        return len(self.weights())
+        return len(self._weights)
 
     def validate_types(self) -> None:
         """Each weight's row length must be a whole number of blocks of its type."""
-        for w in self.weights():
+        for w in self._weights:
             if w.ne[0] % w.type.blck_size:
                 raise ToolkitError(
                     f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s block size "
@@ -252,21 +354,30 @@ class LlamaHParams:
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LlamaHParams:
-        """From the oracle's ``model`` dict (cases.json schema)."""
+        """From the oracle's ``model`` dict (cases.json schema); ``n_head``, ``n_head_kv`` and ``n_ff``
+        may be lists (one value per layer)."""
         try:
-            n_embd, n_head = int(d["n_embd"]), int(d["n_head"])
+            n_embd = int(d["n_embd"])
+            n_head = _ints(d["n_head"])
+            head0 = n_embd // (n_head if isinstance(n_head, int) else n_head[0])
             head = d.get("n_embd_head")
+            head_v = d.get("n_embd_head_v", head)
             rot = d.get("n_rot", d.get("rope_dims"))
+            swa = d.get("swa") or {}
             hp = cls(
                 n_layer=int(d["n_layer"]), n_embd=n_embd, n_head=n_head,
-                n_head_kv=int(d.get("n_head_kv", n_head)), n_ff=int(d["n_ff"]),
+                n_head_kv=_ints(d.get("n_head_kv", n_head)), n_ff=_ints(d["n_ff"]),
                 n_vocab=int(d.get("n_vocab", 32000)), n_ctx_train=int(d.get("n_ctx_train", 4096)),
-                n_embd_head_=None if head is None or int(head) == n_embd // n_head else int(head),
+                n_embd_head_k_=None if head is None or int(head) == head0 else int(head),
+                n_embd_head_v_=None if head_v is None or int(head_v) == head0 else int(head_v),
                 n_rot_=None if rot is None or head is None or int(rot) == int(head) else int(rot),
                 rope_freq_base=float(d.get("rope_freq_base", 10000.0)), eps=float(d.get("eps", 1e-5)),
                 tied=bool(d.get("tied", False)), dtype=GGMLType.parse(d.get("dtype", "f32")),
                 tensor_types=dict(d.get("tensor_types") or {}), name=str(d.get("name", "llama")),
-                **_arch_fields(d),
+                arch=str(d.get("arch", "llama")),
+                rope_freqs=tuple(float(x) for x in d["rope_freqs"])
+                if d.get("has_rope_freqs") and d.get("rope_freqs") else None,
+                swa=SWAParams.from_dict(swa) if swa else None,
                 moe=moe_ffn.from_dict(d),
             )
         except KeyError as e:
@@ -277,27 +388,20 @@ class LlamaHParams:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "arch": self.arch, "n_layer": self.n_layer, "n_embd": self.n_embd,
-            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "n_ff": self.n_ff, "n_vocab": self.n_vocab,
-            "n_ctx_train": self.n_ctx_train, "n_embd_head": self.n_embd_head, "n_rot": self.n_rot,
+            "n_head": _as_list(self.n_head_arr), "n_head_kv": _as_list(self.n_head_kv_arr),
+            "n_ff": _as_list(self.n_ff_arr), "n_vocab": self.n_vocab,
+            "n_ctx_train": self.n_ctx_train, "n_embd_head": self.n_embd_head_k,
+            **({"n_embd_head_v": self.n_embd_head_v} if self.n_embd_head_v != self.n_embd_head_k else {}),
+            "n_rot": self.n_rot,
             "rope_freq_base": self.rope_freq_base, "eps": self.eps, "tied": self.tied,
             "dtype": self.dtype.lower, "tensor_types": {k: v.lower for k, v in self.tensor_types.items()},
             "has_rope_freqs": self.rope_freqs is not None, "rope_freqs": list(self.rope_freqs or ()),
-            "qk_norm": self.qk_norm,
-            **({"swa": {"window": self.n_swa, "pattern": self.swa_pattern,
-                        "rope_freq_base_swa": self.rope_freq_base_swa}} if self.n_swa else {}),
+            "qk_norm": self.architecture.qk_norm,
+            **({"swa": self.swa.to_dict()} if self.swa is not None else {}),
             **(self.moe.to_dict() if self.moe is not None else {}),
         }
 
 
-def _arch_fields(d: Mapping[str, Any]) -> dict[str, Any]:
-    """The architecture fields of an oracle ``model`` dict: arch, rope_freqs, the sliding window."""
-    out: dict[str, Any] = {"arch": str(d.get("arch", "llama"))}
-    if d.get("has_rope_freqs") and d.get("rope_freqs"):
-        out["rope_freqs"] = tuple(float(x) for x in d["rope_freqs"])
-    swa = d.get("swa") or {}
-    if swa:
-        out["n_swa"] = int(swa["window"])
-        out["swa_pattern"] = int(swa.get("pattern", 0))
-        if swa.get("rope_freq_base_swa") is not None:
-            out["rope_freq_base_swa"] = float(swa["rope_freq_base_swa"])
-    return out
+def _ints(v: Any) -> int | tuple[int, ...]:
+    """A model dict's size: one integer, or a list of them (one per layer)."""
+    return tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)

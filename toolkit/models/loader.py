@@ -263,7 +263,7 @@ class KVCache:
 
 def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> None:
     """The checks llama_init_from_model makes before creating a context."""
-    for which, t, head in (("K", rp.type_k, hp.n_embd_head), ("V", rp.type_v, hp.n_embd_head)):
+    for which, t, head in (("K", rp.type_k, hp.n_embd_head_k), ("V", rp.type_v, hp.n_embd_head_v)):
         if t.is_quantized and head % t.blck_size:
             raise ParameterError(
                 f"type_{which.lower()}", t.lower, f"a type whose block size divides n_embd_head_{which.lower()}={head}",
@@ -294,8 +294,10 @@ def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
         buft = devs.gpus[d].buft if (offload_kqv and d >= 0) else devs.cpu_buft
         bufts[buft.name] = buft
         names.append(buft.name)
-        k = Tensor(rp.type_k, (hp.n_embd_k_gqa, kv_size, n_stream), name=f"cache_k_l{il}")
-        v = Tensor(rp.type_v, (hp.n_embd_v_gqa, kv_size, n_stream), name=f"cache_v_l{il}")
+        # a transposed V cache is n_embd_v_gqa_max wide on every layer (llama_kv_cache, TAG_V_CACHE_VARIABLE)
+        n_embd_v_gqa = hp.n_embd_v_gqa(il) if flash_attn else hp.n_embd_v_gqa_max()
+        k = Tensor(rp.type_k, (hp.n_embd_k_gqa(il), kv_size, n_stream), name=f"cache_k_l{il}")
+        v = Tensor(rp.type_v, (n_embd_v_gqa, kv_size, n_stream), name=f"cache_v_l{il}")
         for t in (k, v):
             sizes[buft.name] = sizes.get(buft.name, 0) + _pad(buft.alloc_size(t), buft.alignment)
         k_bytes += k.nbytes

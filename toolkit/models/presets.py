@@ -13,7 +13,7 @@ import numpy as np
 
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import LlamaHParams, SWAParams
 from toolkit.models.moe import MoEParams
 
 
@@ -94,8 +94,8 @@ def qwen3_8b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
     """Qwen3-8B: 36 layers, n_embd 4096, 32 heads (8 KV) of 128, n_ff 12288, vocab 151936, QK-norm."""
     t = GGMLType.parse(dtype)
     return LlamaHParams(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_vocab=151936,
-                        n_ctx_train=40960, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
-                        arch="qwen3", name=f"qwen3-8b_{t.lower}")
+                        n_ctx_train=40960, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
+                        eps=1e-6, dtype=t, arch="qwen3", name=f"qwen3-8b_{t.lower}")
 
 
 def gemma3_12b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
@@ -103,8 +103,8 @@ def gemma3_12b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
     sliding window 1024 on 5 of every 6 layers (iSWA), rope base 1e6 (SWA layers 1e4)."""
     t = GGMLType.parse(dtype)
     return LlamaHParams(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, n_ff=15360, n_vocab=262144,
-                        n_ctx_train=131072, n_embd_head_=256, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
-                        tied=True, arch="gemma3", n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0,
+                        n_ctx_train=131072, n_embd_head_k_=256, n_embd_head_v_=256, rope_freq_base=1000000.0,
+                        eps=1e-6, dtype=t, tied=True, arch="gemma3", swa=SWAParams(1024, 6, 10000.0),
                         name=f"gemma3-12b_{t.lower}")
 
 
@@ -113,8 +113,8 @@ def gemma3_27b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
     sliding window 1024 on 5 of every 6 layers (iSWA); Q is scaled by 1/sqrt(n_embd/n_head)."""
     t = GGMLType.parse(dtype)
     return LlamaHParams(n_layer=62, n_embd=5376, n_head=32, n_head_kv=16, n_ff=21504, n_vocab=262144,
-                        n_ctx_train=131072, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
-                        tied=True, arch="gemma3", n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0,
+                        n_ctx_train=131072, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
+                        eps=1e-6, dtype=t, tied=True, arch="gemma3", swa=SWAParams(1024, 6, 10000.0),
                         name=f"gemma3-27b_{t.lower}")
 
 
@@ -176,8 +176,8 @@ def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
     128 experts of n_ff 768 with 8 used per token, vocab 151936, rope base 1e6."""
     t = GGMLType.parse(dtype)
     return LlamaHParams(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, n_vocab=151936,
-                        n_ctx_train=40960, n_embd_head_=128, rope_freq_base=1000000.0, eps=1e-6, dtype=t,
-                        arch="qwen3moe", name=f"qwen3-30b-a3b_{t.lower}",
+                        n_ctx_train=40960, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
+                        eps=1e-6, dtype=t, arch="qwen3moe", name=f"qwen3-30b-a3b_{t.lower}",
                         moe=MoEParams(n_expert=128, n_expert_used=8, n_ff_exp=768))
 
 

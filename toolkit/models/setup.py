@@ -2,8 +2,8 @@
 
 :func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
 devices and backends, the placed weights, the KV cache, the output buffer, the
-pipeline-parallel decision and a graph builder. The graph callback's scheduler pins
-(:func:`apply_pins`) and ``graph_max_nodes`` live here too.
+pipeline-parallel decision and the architecture's graph builder. The graph callback's scheduler
+pins (:func:`apply_pins`) live here too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
 from toolkit.ggml.bulk import paused_gc
 from toolkit.models import overrides
-from toolkit.models.archs import builder_class
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
 from toolkit.models.graph import GraphBuilder, LlamaGraph
@@ -28,12 +27,6 @@ if TYPE_CHECKING:
 
 # ubatches smaller than this get the norm pin even without full offload (llama_context::graph_get_cb)
 NORM_PIN_MAX_TOKENS = 32
-
-
-def graph_max_nodes(n_tensors: int, n_tokens: int) -> int:
-    """``llama_context::graph_max_nodes`` for llama: ``max(1024, 8 * n_tensors)``, no LoRA, no samplers."""
-    del n_tokens  # only the per-ubatch architectures (Qwen3-Next & co.) use it
-    return max(1024, 8 * n_tensors)
 
 
 def devices_from_backends(backends: list[Backend]) -> DeviceSet:
@@ -82,8 +75,14 @@ class LlamaSetup:
         return self.devices.backends
 
     def builder(self, graph_size: int) -> GraphBuilder:
-        return builder_class(self.hparams.arch)(self.model, self.kv, flash_attn=self.flash_attn,
-                                                graph_size=graph_size, kv_swa=self.kv_swa)
+        """The architecture's graph builder (``llama_model::build_graph``) over this setup's model and memory."""
+        return self.hparams.architecture.builder(self.model, self.kv, flash_attn=self.flash_attn,
+                                                 graph_size=graph_size, kv_swa=self.kv_swa)
+
+    def graph_max_nodes(self, n_tokens: int) -> int:
+        """``llama_context::graph_max_nodes(n_tokens)``: the architecture's rule over the loaded model's
+        tensor count (:meth:`toolkit.models.archs.Architecture.graph_max_nodes`)."""
+        return self.hparams.architecture.graph_max_nodes(self.model.n_tensors, n_tokens)
 
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                      streams: tuple[int, int] | None = None) -> LlamaGraph:

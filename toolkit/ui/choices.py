@@ -33,7 +33,7 @@ describe_devices = describe_picker
 
 def preset_of(hparams: Any) -> str | None:
     """The preset name whose shape ``hparams`` has (n_layer, n_embd, n_ff, n_vocab), if any."""
-    key = ("n_layer", "n_embd", "n_ff", "n_vocab")
+    key = ("n_layer", "n_embd", "n_ff_arr", "n_vocab")
     for name in MODEL_PRESETS.values():
         p = presets.get(name)
         if all(getattr(p, k, None) == getattr(hparams, k, None) for k in key):

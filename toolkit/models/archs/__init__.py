@@ -1,0 +1,84 @@
+"""The registry of architectures: the one place that lists them (llama.cpp's ``llm_arch`` switch).
+
+Each built-in architecture is a module of this package holding its whole description (see
+:class:`~toolkit.models.archs.base.Architecture`): ``llama`` (with or without experts), ``qwen3``
+and ``qwen3moe`` (one module: qwen3moe is qwen3's layer with ``build_moe_ffn`` in the FFN slot),
+``gemma3``. Another architecture is added with :func:`register`, from a module of this package or
+from outside the toolkit (a test, a notebook):
+
+>>> from toolkit.models import archs
+>>> archs.names()
+('llama', 'qwen3', 'qwen3moe', 'gemma3')
+>>> archs.get("gemma3").rope_type, archs.get("qwen3").qk_norm
+(2, True)
+
+The built-in modules are imported on the first lookup, not when this package is: their graph
+builders sit above the loader and the hyperparameters, which look their architecture up here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.models.archs.base import (
+    MEMORY_KV,
+    ROPE_TYPE_NEOX,
+    ROPE_TYPE_NORM,
+    Architecture,
+    TensorSpec,
+)
+
+# the modules of this package that define the built-in architectures (each exports ARCHITECTURES)
+BUILTIN_MODULES = ("llama", "qwen3", "gemma3")
+
+_registry: dict[str, Architecture] = {}
+_loaded = False
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN_MODULES:
+        for arch in importlib.import_module(f"{__name__}.{module}").ARCHITECTURES:
+            register(arch)
+
+
+def register(arch: Architecture) -> Architecture:
+    """Add ``arch`` under ``arch.name``; ParameterError for a name already taken. Returns ``arch``."""
+    if not isinstance(arch, Architecture):
+        raise ParameterError("arch", repr(arch), "an Architecture instance")
+    _load_builtins()
+    if arch.name in _registry:
+        raise ParameterError("arch", arch.name, "a name not registered yet",
+                             f"registered: {', '.join(_registry)}")
+    _registry[arch.name] = arch
+    return arch
+
+
+def unregister(name: str) -> None:
+    """Remove a registered architecture (a test's own, when it is done with it)."""
+    get(name)
+    del _registry[name]
+
+
+def get(name: str) -> Architecture:
+    """The architecture registered as ``name`` (``general.architecture``); UnsupportedFeature
+    (feature ``arch``) listing the known names for any other."""
+    _load_builtins()
+    arch = _registry.get(name)
+    if arch is None:
+        raise UnsupportedFeature("arch", f"architecture {name!r} is not supported; supported: {', '.join(names())}")
+    return arch
+
+
+def names() -> tuple[str, ...]:
+    """The registered architectures' names, built-ins first, in registration order."""
+    _load_builtins()
+    return tuple(_registry)
+
+
+__all__ = ["BUILTIN_MODULES", "MEMORY_KV", "ROPE_TYPE_NEOX", "ROPE_TYPE_NORM", "Architecture", "TensorSpec", "get",
+           "names", "register", "unregister"]
