@@ -163,11 +163,11 @@ class Context:
 
     @property
     def kv_buffers_bytes(self) -> dict[str, int]:
-        return self.setup.kv_buffers_bytes()
+        return self.setup.memory.buffers_bytes()
 
     @property
     def kv_bytes(self) -> int:
-        return sum(c.total_bytes for c in self.setup.kv_caches)
+        return self.setup.memory.total_bytes
 
     @property
     def output_buffer_bytes(self) -> dict[str, int]:
@@ -284,7 +284,7 @@ class Context:
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
         return h.record(
             r, trigger, needed_tg, timings,
-            kv_bytes=self.setup.kv_buffers_by_cache(),
+            kv_bytes=self.setup.memory.buffers_by_cache(),
             model_bytes=self.model_buffers_bytes, output_bytes=self.output_buffer_bytes,
             n_nodes_pp=n_nodes_pp, n_nodes_tg=n_nodes_tg, n_splits_pp=n_splits_pp, n_splits_tg=n_splits_tg,
             pipeline_parallel=self.pipeline_parallel)
