@@ -46,7 +46,8 @@ def _signature(lg: LlamaGraph) -> list[Any]:
         sorted(g.use_count(t) for t in [*g.leafs, *g.nodes]),
         (lg.n_tokens, lg.n_seqs, lg.n_outputs, lg.flash_attn),
         [(ref(t), il) for t, il in lg.norms], [(ref(t), n, il) for t, n, il in lg.named],
-        [(ref(t), il) for t, il in lg.fa_nodes], {k: ref(t) for k, t in lg.inputs.items()},
+        [(ref(t), il) for t, il in lg.fa_nodes],
+        [(type(inp).__name__, [ref(t) for t in inp.tensors()]) for inp in lg.inputs],
         ref(lg.logits), ref(lg.embd),
     ]
 

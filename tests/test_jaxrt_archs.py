@@ -98,7 +98,8 @@ def test_gemma3_longer_than_the_window(devices: tuple[str, ...], n_ubatch: int, 
     w = write_model(path, r)
     tokens = [int(x) for x in np.random.default_rng(7).integers(0, r["n_vocab"], 302)]
     rt = _runtime(path, n_ctx=512, n_ubatch=n_ubatch, devices=devices, kv="f32")
-    assert rt.caches == {"": (512, 0), "_swa": (512 if n_ubatch == 512 else 256, 128)}
+    assert [(c.kind, c.kv_size, c.n_swa) for c in rt.memory.caches] == \
+        [("non-SWA", 512, 0), ("SWA", 512 if n_ubatch == 512 else 256, 128)]
     got = np.concatenate([rt.decode(tokens[:300]), rt.decode(tokens[300:301]), rt.decode(tokens[301:])])
     assert _rel(got, reference(w, r, tokens, kv_f16=False)) < TOL_REF
     assert _rel(got, reference(w, {**r, "sliding_window": 0}, tokens, kv_f16=False)) > TOL_REF

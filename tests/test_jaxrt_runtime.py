@@ -25,6 +25,7 @@ from toolkit.jaxrt.devices import make_backends, parse_devices  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.runtime import bind_executors, compile_splits, decode, generate, load_weights, runtime_of  # noqa: E402
 from toolkit.models import ContextParams, presets  # noqa: E402
+from toolkit.models.inputs import InputAttnKV  # noqa: E402
 
 HP = dataclasses.replace(presets.tiny("f32"), n_vocab=128)
 
@@ -102,7 +103,8 @@ def test_context_decode_keeps_kv_across_reuse(gguf_path: str) -> None:
 def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
     # n_seq_max 2 without kv_unified: a stream of 128 cells per sequence (n_ctx 256 / 2)
     multi = ctx_for(gguf_path, n_seq_max=2, flash_attn=fa)
-    assert multi.setup.kv.n_stream == 2 and multi.setup.kv.kv_size == 128
+    kv = multi.setup.memory.caches[0]
+    assert kv.n_stream == 2 and kv.kv_size == 128
     a, b = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]
     got_a = [decode(multi, a[:5], seq_id=0)]
     got_b = [decode(multi, b[:4], seq_id=1)]
@@ -117,8 +119,8 @@ def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
     assert rt.seq_past == [8, 6] and rt.n_past == 8
     # the ubatch graph covers the sequence's own stream: one mask stream, the KV views at its offset
     lg = multi.build_llama_graph(4, streams=(1, 1))
-    assert lg.inputs["kq_mask"].ne[3] == 1
-    k0 = multi.setup.kv.k[0]
+    assert lg.input(InputAttnKV).kq_mask.ne[3] == 1
+    k0 = kv.k[0]
     views = [t for t in lg.graph.nodes if t.view_src is k0 and t.op is Op.VIEW]
     assert [(t.ne[3], t.view_offs) for t in views] == [(1, k0.nb[2])]   # get_k: stream 1 of 2
     # forgetting one sequence leaves the other
@@ -135,7 +137,7 @@ def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
 
 def test_a_unified_cache_runs_sequence_zero_only(gguf_path: str) -> None:
     ctx = ctx_for(gguf_path, n_seq_max=2, kv_unified=True)
-    assert ctx.setup.kv.n_stream == 1
+    assert ctx.setup.memory.n_stream == 1
     assert decode(ctx, [3, 1, 4]).shape == (3, HP.n_vocab)
     with pytest.raises(UnsupportedFeature) as e:
         decode(ctx, [3], seq_id=1)

@@ -11,7 +11,9 @@ from toolkit.models import ContextParams, LlamaHParams, presets
 from toolkit.models.archs.llama import LlamaGraphBuilder
 from toolkit.models.devices import make_devices
 from toolkit.models.graph import GraphBuilder
-from toolkit.models.loader import load_model, make_kv_cache, make_memory
+from toolkit.models.inputs import InputOutIds
+from toolkit.models.loader import load_model
+from toolkit.models.memory import Memory, create_memory, make_kv_cache
 
 
 def _builder(case_id: str) -> GraphBuilder:
@@ -22,9 +24,9 @@ def _builder(case_id: str) -> GraphBuilder:
     fa = bool(c["observed"]["flash_attn_effective"])
     ds = make_devices(cp.devices, split_mode=cp.split_mode)
     m = load_model(hp, cp, ds)
-    kv, kv_swa, _ = make_memory(m, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
-                                unified=cp.kv_unified)
-    return hp.architecture.builder(m, kv, flash_attn=fa, graph_size=1024, kv_swa=kv_swa)
+    memory = create_memory(m, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
+                           unified=cp.kv_unified)
+    return hp.architecture.builder(m, memory, flash_attn=fa, graph_size=1024)
 
 
 def _src_name_matches(ours: str, dumped: str) -> bool:
@@ -66,7 +68,7 @@ def test_node_count_rule(model: str, fa: bool, per_layer: int) -> None:
         rp = cp.resolve(hp.n_ctx_train)
         m = load_model(hp, cp, make_devices(()))
         kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
-        g = LlamaGraphBuilder(m, kv, flash_attn=fa, graph_size=2048).build(rp.n_ubatch, 1, rp.n_ubatch)
+        g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=2048).build(rp.n_ubatch, 1, rp.n_ubatch)
         assert g.graph.n_nodes == per_layer * hp.n_layer + 6
 
 
@@ -74,7 +76,7 @@ def test_out_ids_leaf_number_small() -> None:
     """The output-row ids are leaf_50 in the small model's dump (leaf numbering follows ggml's visit order)."""
     b = _builder("rpc1-small_f32-ngl3-c1024-b2048-ub512-faon-DEBUG")
     g = b.build(512, 1, 512)
-    assert g.inputs["inp_out_ids"].name == "leaf_50"
+    assert g.input(InputOutIds).out_ids.name == "leaf_50"
 
 
 def test_streams_add_cache_reshapes() -> None:
@@ -88,7 +90,7 @@ def test_streams_add_cache_reshapes() -> None:
             rp = cp.resolve(hp.n_ctx_train)
             m = load_model(hp, cp, make_devices(()))
             kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
-            g = LlamaGraphBuilder(m, kv, flash_attn=fa, graph_size=1024).build(512, 4, 512)
+            g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=1024).build(512, 4, 512)
             counts[fa, unified] = g.graph.n_nodes
     # measured: cpu-tiny ...-np4 (72 / 80) and the bb-*-kvu1 cases (68 / 78)
     assert counts == {(True, True): 68, (True, False): 72, (False, True): 78, (False, False): 80}

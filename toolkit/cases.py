@@ -23,6 +23,7 @@ from typing import Any
 from toolkit.args import parse_args
 from toolkit.context import Context
 from toolkit.errors import ToolkitError
+from toolkit.models import memory
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import LlamaHParams
 
@@ -101,7 +102,7 @@ def summary(ctx: Context) -> dict[str, Any]:
         "n_tensors": ctx.setup.model.n_tensors,
         "kv_caches": [{"cache": c.kind, "cells": c.kv_size, "layers": len(c.layers), "n_stream": c.n_stream,
                        "size_k_bytes": c.k_bytes, "size_v_bytes": c.v_bytes, "buffers": dict(c.buffers_bytes)}
-                      for c in ctx.setup.kv_caches],
+                      for c in ctx.setup.memory.caches],
         "reserve_n_tokens": min(ctx.setup.resolved.n_ctx, ctx.setup.resolved.n_ubatch),
         "flash_attn_effective": int(ctx.flash_attn), "n_backends": ev.n_backends,
         "layer_devices": [list(x) for x in ctx.layer_devices], "warnings": list(ev.warnings),
@@ -114,10 +115,8 @@ def summary(ctx: Context) -> dict[str, Any]:
 
 def kv_size_line(c: Mapping[str, Any], t: Mapping[str, Any]) -> str:
     """``llama_kv_cache``'s size line for one cache (``c``: a ``kv_caches`` entry, ``t``: ``kv_types``)."""
-    k, v = c["size_k_bytes"], c["size_v_bytes"]
-    return (f"llama_kv_cache: size = {(k + v) / 2**20:7.2f} MiB ({c['cells']:6d} cells, {c['layers']:3d} layers, "
-            f"{t['n_seq_max']:2d}/{c['n_stream']} seqs), K ({t['type_k']}): {k / 2**20:7.2f} MiB, "
-            f"V ({t['type_v']}): {v / 2**20:7.2f} MiB")
+    return memory.kv_size_line(c["size_k_bytes"], c["size_v_bytes"], c["cells"], c["layers"], t["n_seq_max"],
+                               c["n_stream"], t["type_k"], t["type_v"])
 
 
 def log_lines(result: Mapping[str, Any]) -> list[str]:
@@ -137,14 +136,12 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
         for w in result.get("warnings", ()):
             out.append(w)
         for c in caches:
-            out.append(f"llama_kv_cache_iswa: creating {c['cache']:>7s} KV cache, size = {c['cells']} cells")
-            out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-                    for name, b in c["buffers"].items()]
+            out.append(memory.iswa_cache_line(c["cache"], c["cells"]))
+            out += [memory.kv_buffer_line(name, b) for name, b in c["buffers"].items()]
             if "kv_types" in result:
                 out.append(kv_size_line(c, result["kv_types"]))
     else:
-        out += [f"llama_kv_cache: {name:>10s} KV buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-                for name, b in result["kv_buffers_bytes"].items()]
+        out += [memory.kv_buffer_line(name, b) for name, b in result["kv_buffers_bytes"].items()]
         if caches and "kv_types" in result:
             out.append(kv_size_line(caches[0], result["kv_types"]))
     if result["pipeline_parallel"]:

@@ -196,11 +196,11 @@ class Context:
 
     @property
     def kv_buffers_bytes(self) -> dict[str, int]:
-        return self.setup.kv_buffers_bytes()
+        return self.setup.memory.buffers_bytes()
 
     @property
     def kv_bytes(self) -> int:
-        return sum(c.total_bytes for c in self.setup.kv_caches)
+        return self.setup.memory.total_bytes
 
     @property
     def output_buffer_bytes(self) -> dict[str, int]:
@@ -449,8 +449,7 @@ def memory_groups(st: LlamaSetup) -> dict[str, dict[str, int]]:
     the weights (``model``), the memory ``llama_model::create_memory`` made, one group per cache
     (``KV``; ``llama_kv_cache_iswa``: ``KV`` for the non-SWA cache and ``KV-SWA``), and the output
     buffer (``output``). The scheduler adds its compute buffers (``compute``)."""
-    kv = {("KV-SWA" if c.kind == "SWA" else "KV"): dict(c.buffers_bytes) for c in st.kv_caches}
-    return {MODEL_GROUP: dict(st.model.buffers_bytes), **kv, OUTPUT_GROUP: dict(st.output_bytes)}
+    return {MODEL_GROUP: dict(st.model.buffers_bytes), **st.memory.groups, OUTPUT_GROUP: dict(st.output_bytes)}
 
 
 def reserve_shape(n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:

@@ -2,11 +2,13 @@
 
 A :class:`ContextRuntime` holds what a context needs to really run: the backends bound to
 JAX devices, the device-resident weights and KV cache (a :class:`~toolkit.jaxrt.execute.GraphRunner`),
-the number of tokens already in the cache, and a log of split compilations. Per ubatch it
-does what ``llama_context::decode`` does around the scheduler: reset, build the graph (pins
-applied), ``alloc_graph`` (which rotates the input copies under pipeline parallelism), set
-the inputs, compute the splits. Ubatches are dispatched without waiting, and logits are
-read once at the end, so with pipeline parallelism the devices overlap.
+the context's memory (its cells say which positions each sequence holds), and a log of split
+compilations. Per ubatch it does what ``llama_context::decode`` does around the scheduler:
+find and apply the ubatch's slot in the memory, reset, build the graph (pins applied),
+``alloc_graph`` (which rotates the input copies under pipeline parallelism), set the inputs
+(each graph input fills itself: ``set_input(ubatch)``), compute the splits. Ubatches are
+dispatched without waiting, and logits are read once at the end, so with pipeline parallelism
+the devices overlap.
 
 The module-level :func:`decode`, :func:`generate` and :func:`compile_splits` are how a context
 runs: they take a :class:`~toolkit.context.Context` (any :class:`~toolkit.context.RunnableContext`);
@@ -35,6 +37,7 @@ from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import GraphRunner, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
+from toolkit.models.memory import Memory, UBatch
 
 # (n_tokens, n_seqs, n_outputs, graph_size, streams) -> LlamaGraph: Context.build_llama_graph
 BuildFn = Callable[..., Any]
@@ -146,20 +149,13 @@ class ContextRuntime:
     backends: list[Backend]
     sched_fn: Callable[[], Any]            # the current scheduler (a context may rebuild it)
     build: BuildFn
-    kv_size: int
+    memory: Memory                         # the KV caches and their cells (toolkit.models.memory)
     n_ubatch: int
-    kv_tensors: list[Tensor] = field(default_factory=list)
     cache: CompileCache | None = None
-    # sequences and KV streams (llama_kv_cache: one stream per sequence unless the cache is unified)
-    n_seq_max: int = 1
-    n_stream: int = 1
     log: deque[DecodeLog] = field(default_factory=lambda: deque(maxlen=LOG_SIZE))
     graph_reuse: bool = True
     # an object that changes (by identity) whenever the scheduler was reserved again
     epoch_fn: Callable[[], object] = lambda: None
-
-    # the KV caches by graph-input suffix: "" (the full cache) and "_swa" (iSWA): (cells, sliding window)
-    caches: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     _prev: tuple[Any, Any] | None = None
     notes: list[str] = field(default_factory=list)
@@ -167,11 +163,24 @@ class ContextRuntime:
         enable_persistent_cache()
         bind_executors(self.backends)
         self.runner = GraphRunner(self.backends, self.cache)
-        if not self.caches:
-            self.caches = {"": (self.kv_size, 0)}
-        # per cache, the position held by each cell of each stream (-1: free)
-        self.cell_pos = {k: np.full((self.n_stream, n), -1, np.int64) for k, (n, _) in self.caches.items()}
-        self.seq_past = [0] * self.n_seq_max   # tokens in the cache per sequence
+
+    # sequences and KV streams (llama_kv_cache: one stream per sequence unless the cache is unified)
+    @property
+    def kv_size(self) -> int:
+        return self.memory.kv_size
+
+    @property
+    def n_seq_max(self) -> int:
+        return self.memory.n_seq_max
+
+    @property
+    def n_stream(self) -> int:
+        return self.memory.n_stream
+
+    @property
+    def seq_past(self) -> list[int]:
+        """Tokens in the cache per sequence: the position after each sequence's last (the memory's cells)."""
+        return [self.memory.seq_pos_max(s) + 1 for s in range(self.n_seq_max)]
 
     @property
     def n_past(self) -> int:
@@ -193,53 +202,14 @@ class ContextRuntime:
     def clear(self, data: bool = False, seq_id: int | None = None) -> None:
         """Forget the KV cache (``llama_memory_clear``), or one sequence's cells (``llama_memory_seq_rm``
         over all positions): the cells become free; ``data`` (whole cache only) also zeroes them
-        (stale cells are never read: the mask hides every cell past the sequence)."""
+        (stale cells are never read: the mask hides every free cell)."""
         if seq_id is not None:
-            stream = self._stream(seq_id)
-            self.seq_past[seq_id] = 0
-            for v in self.cell_pos.values():
-                v[stream] = -1
+            self._stream(seq_id)
+            self.memory.seq_rm(seq_id)
             return
         if data:
             self.runner.reset_kv()
-        self.seq_past = [0] * self.n_seq_max
-        for v in self.cell_pos.values():
-            v[:] = -1
-
-    # ---- inputs (llm_graph_input_*::set_input for one sequence) ----------------------------
-    def _inputs(self, lg: Any, tokens: np.ndarray, pos0: int, stream: int = 0) -> dict[Tensor, np.ndarray]:
-        n = len(tokens)
-        inp = lg.inputs
-        pos = np.arange(pos0, pos0 + n, dtype=np.int64)
-        out: dict[Tensor, np.ndarray] = {inp["inp_tokens"]: tokens.astype(np.int32)}
-        out[inp["inp_pos"]] = pos.astype(np.int32)
-        for sfx, (size, n_swa) in self.caches.items():
-            # one sequence per stream: the cell of position p is p % size (a ring for the SWA cache: a cell
-            # is reused only after its position left the window of every token that can still see it);
-            # the write indices are global over the streams (cpy_k / cpy_v merge them)
-            cells = pos % size
-            out[inp["k_idxs" + sfx]] = cells + stream * size
-            v_idxs = inp["v_idxs" + sfx]
-            if v_idxs.ne[0] != n:  # transposed V: element j of token t goes to j * size + cell of its stream
-                n_embd_v = v_idxs.ne[0] // n
-                out[v_idxs] = (stream * size * n_embd_v + np.arange(n_embd_v)[None, :] * size
-                               + cells[:, None]).reshape(-1)
-            else:
-                out[v_idxs] = cells + stream * size
-            cell_pos = self.cell_pos[sfx][stream]
-            cell_pos[cells] = pos
-            mask_t = inp["kq_mask" + sfx]
-            if mask_t.ne[3] != 1:
-                raise ValueError(f"a ubatch of one sequence has one mask stream; this mask has {mask_t.ne[3]}")
-            p0, p1 = cell_pos[None, :], pos[:, None]
-            seen = (p0 >= 0) & (p0 <= p1)
-            if n_swa:  # llama_hparams::is_masked_swa (LLAMA_SWA_TYPE_STANDARD): p1 - p0 >= n_swa is hidden
-                seen &= p1 - p0 < n_swa
-            rows = np.full((mask_t.ne[1], mask_t.ne[0]), -np.inf, np.float32)
-            rows[:n] = np.where(seen, 0.0, -np.inf)
-            out[mask_t] = rows
-        out[inp["inp_out_ids"]] = np.arange(inp["inp_out_ids"].ne[0], dtype=np.int32)
-        return out
+        self.memory.clear()
 
     # ---- decoding --------------------------------------------------------------------------
     def _build(self, n_tokens: int, stream: int) -> Any:
@@ -254,15 +224,17 @@ class ContextRuntime:
         toks = np.asarray(list(tokens), dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
             raise ValueError(f"decode needs a non-empty list of token ids, got {len(toks)} tokens")
-        past = self.seq_past[seq_id]
+        past = self.memory.seq_pos_max(seq_id) + 1
         if past + len(toks) > self.kv_size:
             raise ValueError(f"{len(toks)} tokens after {past} do not fit the KV cache of {self.kv_size} cells"
                              + (f" (sequence {seq_id})" if self.n_seq_max > 1 else ""))
         pending = []
         for start in range(0, len(toks), self.n_ubatch):
-            ub = toks[start:start + self.n_ubatch]
+            ub = UBatch.of_sequence(toks[start:start + self.n_ubatch], past + start, seq_id)
+            self.memory.apply_ubatch(ub)   # llama_kv_cache::find_slot + apply_ubatch, in every cache
+            n = ub.n_tokens
             sched = self.sched_fn()
-            key = (len(ub), sched, self.epoch_fn(), stream)
+            key = (n, sched, self.epoch_fn(), stream)
             reused = (self.graph_reuse and self._prev is not None and sched.n_copies == 1
                       and self._prev[0][0] == key[0] and self._prev[0][1] is sched and self._prev[0][2] is key[2]
                       and self._prev[0][3] == stream)
@@ -272,17 +244,16 @@ class ContextRuntime:
             else:
                 self._prev = None
                 sched.reset()
-                lg = self._build(len(ub), stream)
+                lg = self._build(n, stream)
                 if not sched.alloc_graph(lg.graph):
-                    raise RuntimeError(f"alloc_graph failed for a ubatch of {len(ub)} tokens")
+                    raise RuntimeError(f"alloc_graph failed for a ubatch of {n} tokens")
                 pg = self.runner.prepare_graph(sched, lg.graph, [lg.logits])
                 self._prev = (key, (lg, pg))
-            res = self.runner.run_graph(pg, self._inputs(lg, ub, self.seq_past[seq_id], stream))
+            res = self.runner.run_graph(pg, lg.set_inputs(ub))   # llm_graph_result::set_inputs
             st = self.runner.last_stats
-            self.log.append(DecodeLog(len(ub), [ps.summary() for ps in pg.splits], st.n_copies,
+            self.log.append(DecodeLog(n, [ps.summary() for ps in pg.splits], st.n_copies,
                                       st.weight_copies, reused, list(st.expert_transfers)))
-            pending.append((res[lg.logits], lg.logits, len(ub)))
-            self.seq_past[seq_id] += len(ub)
+            pending.append((res[lg.logits], lg.logits, n))
         rows = [self.runner.read(flat, t).reshape(n, -1) for flat, t, n in pending]
         return np.concatenate(rows, axis=0)
 
@@ -308,8 +279,9 @@ class ContextRuntime:
         lg = self._build(n_tokens, 0)
         sched.split_graph(lg.graph)
         specs: list[SplitSpec] = scheduler_splits(sched)
-        keep = {lg.logits} | set(self.kv_tensors)
-        prepared = self.runner.prepare_splits(specs, keep, donate=set(self.kv_tensors))
+        kv = set(self.memory.tensors)
+        keep = {lg.logits} | kv
+        prepared = self.runner.prepare_splits(specs, keep, donate=kv)
         sched.reset()
         return DecodeLog(n_tokens, [ps.summary() for ps in prepared])
 
@@ -353,15 +325,8 @@ def runtime_of(ctx: RunnableContext) -> ContextRuntime:
                 st.model.output.data = st.model.tensors["token_embd.weight"].data
             notes.append("random weights (seed 0): no GGUF file was given; load one with load_weights(ctx, path)")
             warnings.warn(notes[-1], stacklevel=2)
-    kv = st.kv
-    caches = {"": (kv.kv_size, 0)}
-    kv_tensors = [*kv.k, *kv.v]
-    if st.kv_swa is not None:
-        caches["_swa"] = (st.kv_swa.kv_size, st.hparams.n_swa)
-        kv_tensors += [*st.kv_swa.k, *st.kv_swa.v]
-    rt = ContextRuntime(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph,
-                        kv.kv_size, st.resolved.n_ubatch, kv_tensors, n_seq_max=st.resolved.n_seq_max,
-                        n_stream=kv.n_stream, epoch_fn=lambda: ctx.events[-1] if ctx.events else None, caches=caches)
+    rt = ContextRuntime(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph, st.memory,
+                        st.resolved.n_ubatch, epoch_fn=lambda: ctx.events[-1] if ctx.events else None)
     rt.notes = notes
     _RUNTIMES[ctx] = (st, rt)
     return rt

@@ -5,11 +5,14 @@ with these blocks, as llama.cpp's ``src/models/*.cpp`` do:
 
 - inputs: ``build_inp_embd`` (token path selected, the vector-embedding input expanded beside
   it), ``build_inp_pos``, ``build_inp_out_ids``, the KV inputs (``build_attn_inp_kv``, or
-  ``build_attn_inp_kv_iswa`` with a second set of indices and a second mask for the SWA cache);
+  ``build_attn_inp_kv_iswa`` with a second set of indices and a second mask for the SWA cache;
+  ``build_inp_attn`` picks the one the memory needs). Each is an object of
+  :mod:`toolkit.models.inputs` kept in :attr:`LlamaGraph.inputs` that fills itself per ubatch;
 - ``build_norm`` (RMS norm named ``norm``, times the weight);
-- ``build_attn``: the KV-cache writes (``cpy_k``/``cpy_v``, SET_ROWS into views of the cache),
-  the KV views, flash attention (one FLASH_ATTN_EXT) or KQ → softmax → KQV, and the output
-  projection; Q, V, K (iSWA: Q, K, V) are expanded first so they are not reordered;
+- ``build_attn`` (llama.cpp's argument list; the input's type picks the layer's cache): the
+  KV-cache writes (``cpy_k``/``cpy_v``, SET_ROWS into views of the cache), the KV views, flash
+  attention (one FLASH_ATTN_EXT) or KQ → softmax → KQV, and the output projection; Q, V, K
+  (iSWA: Q, K, V) are expanded first so they are not reordered;
 - ``build_ffn``: the gated FFN (``LLM_FFN_PAR``) with SILU (SWIGLU) or GELU (GEGLU);
 - :meth:`GraphBuilder.ffn` is the per-layer FFN slot an architecture calls; another FFN
   (a mixture of experts) plugs in by overriding it.
@@ -22,15 +25,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import numpy as np
+
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import Tensor
-from toolkit.ggml.types import F16, F32, I32, GGMLType
-from toolkit.models.loader import KVCache, LoadedModel
+from toolkit.ggml.types import F16, F32, I32
+from toolkit.models.inputs import GraphInput, InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
+from toolkit.models.loader import LoadedModel
+from toolkit.models.memory import KVCache, Memory, UBatch
 from toolkit.models.moe import build_moe_ffn
 
-I64 = GGMLType.I64
+In = TypeVar("In", bound=GraphInput)
 
 
 @dataclass
@@ -48,7 +57,7 @@ class LlamaGraph:
     norms: list[tuple[Tensor, int]] = field(default_factory=list)      # ("norm", il) tensors for the norm pin
     named: list[tuple[Tensor, str, int]] = field(default_factory=list)  # every (tensor, name, il) the callback saw
     fa_nodes: list[tuple[Tensor, int]] = field(default_factory=list)   # FLASH_ATTN_EXT per layer (FA auto probe)
-    inputs: dict[str, Tensor] = field(default_factory=dict)
+    inputs: list[GraphInput] = field(default_factory=list)   # llm_graph_result::inputs, in creation order
     logits: Tensor | None = None
     embd: Tensor | None = None
 
@@ -59,8 +68,22 @@ class LlamaGraph:
         return LlamaGraph(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
-            [(cp(t), il) for t, il in self.fa_nodes], {k: cp(t) for k, t in self.inputs.items()},
+            [(cp(t), il) for t, il in self.fa_nodes], [inp.copy(cp) for inp in self.inputs],
             None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd))
+
+    def input(self, kind: type[In]) -> In:
+        """The graph's first input of this kind (e.g. ``lg.input(InputOutIds).out_ids``)."""
+        for inp in self.inputs:
+            if isinstance(inp, kind):
+                return inp
+        raise KeyError(f"the graph has no {kind.__name__} input (it has {[type(i).__name__ for i in self.inputs]})")
+
+    def set_inputs(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        """Every input's values for ubatch ``ub`` (``llm_graph_result::set_inputs``)."""
+        out: dict[Tensor, np.ndarray] = {}
+        for inp in self.inputs:
+            out.update(inp.set_input(ub))
+        return out
 
 
 def _stream_range(res: LlamaGraph, kv: KVCache) -> tuple[int, int]:
@@ -75,30 +98,17 @@ def _allocated(t: Tensor) -> bool:
     return t.buffer is not None
 
 
-@dataclass
-class AttnInput:
-    """One KV cache's graph inputs: the write indices and the mask (``llm_graph_input_attn_kv``)."""
-
-    kv: KVCache
-    k_idxs: Tensor
-    v_idxs: Tensor
-    kq_mask: Tensor
-
-
 class GraphBuilder:
-    """Builds the graph for one ubatch shape over a loaded model and its KV cache(s).
+    """Builds the graph for one ubatch shape over a loaded model and its memory.
 
     Subclasses implement :meth:`build_layers` (everything between the input embedding and the
     output norm) and may override :meth:`ffn`.
     """
 
-    # build_attn's expansion order of Q, K, V: llama_kv_cache's is Q, V, K; the iSWA one's Q, K, V
-    def __init__(self, model: LoadedModel, kv: KVCache, *, flash_attn: bool, graph_size: int,
-                 kv_swa: KVCache | None = None) -> None:
+    def __init__(self, model: LoadedModel, memory: Memory, *, flash_attn: bool, graph_size: int) -> None:
         self.model = model
         self.hp = model.hparams
-        self.kv = kv
-        self.kv_swa = kv_swa
+        self.memory = memory
         self.flash_attn = flash_attn
         self.graph_size = graph_size
 
@@ -118,8 +128,8 @@ class GraphBuilder:
         the default is every stream (a reserve)."""
         if n_tokens <= 0 or n_seqs <= 0:
             raise ValueError(f"a ubatch needs n_tokens >= 1 and n_seqs >= 1, got {n_tokens} and {n_seqs}")
-        if streams is not None and not 0 <= streams[0] <= streams[1] < self.kv.n_stream:
-            raise ValueError(f"streams {streams} are not within the cache's {self.kv.n_stream} stream(s)")
+        if streams is not None and not 0 <= streams[0] <= streams[1] < self.memory.n_stream:
+            raise ValueError(f"streams {streams} are not within the cache's {self.memory.n_stream} stream(s)")
         res = LlamaGraph(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
         cur = self.build_layers(res)
         m = self.model
@@ -148,37 +158,53 @@ class GraphBuilder:
         gf.build_forward_expand(cur)
         gf.build_forward_expand(inp_embd)
         self.cb(res, cur, "embd", -1)
-        res.inputs.update(inp_tokens=tokens, inp_embd=inp_embd)
+        res.inputs.append(InputEmbd(tokens, inp_embd))
         return cur
 
     def build_inp_pos(self, res: LlamaGraph) -> Tensor:
         t = ops.new_tensor_1d(I32, res.n_tokens).set_input()
-        res.inputs["inp_pos"] = t
+        res.inputs.append(InputPos(t))
         return t
 
-    def _attn_inp(self, res: LlamaGraph, kv: KVCache, suffix: str) -> AttnInput:
+    def _attn_inp(self, res: LlamaGraph, kv: KVCache) -> InputAttnKV:
+        """``build_attn_inp_kv_impl``: the cache's write indices, then the mask (``build_attn_inp_kq_mask``)."""
         n_tokens = res.n_tokens
-        k_idxs = ops.new_tensor_1d(I64, n_tokens).set_input()
-        v_idxs = ops.new_tensor_1d(I64, n_tokens * (self.hp.n_embd_v_gqa_max() if kv.v_trans else 1)).set_input()
+        k_idxs = kv.build_input_k_idxs(n_tokens)
+        v_idxs = kv.build_input_v_idxs(n_tokens)
         mask_type = F16 if self.flash_attn else F32
         _, ns = _stream_range(res, kv)
         kq_mask = ops.new_tensor_4d(mask_type, kv.kv_size, n_tokens // ns, 1, ns, "attn_inp_kq_mask")
         kq_mask.set_input()
-        res.inputs.update({f"k_idxs{suffix}": k_idxs, f"v_idxs{suffix}": v_idxs, f"kq_mask{suffix}": kq_mask})
-        return AttnInput(kv, k_idxs, v_idxs, kq_mask)
+        return InputAttnKV(kv, k_idxs, v_idxs, kq_mask)
 
-    def build_attn_inp_kv(self, res: LlamaGraph) -> AttnInput:
+    def build_attn_inp_kv(self, res: LlamaGraph) -> InputAttnKV:
         """``build_attn_inp_kv``: the write indices and the mask of the (single) KV cache."""
-        return self._attn_inp(res, self.kv, "")
+        if self.memory.kind != "kv":
+            raise ValueError(f"build_attn_inp_kv needs a memory of one KV cache, this one is {self.memory.kind!r}")
+        inp = self._attn_inp(res, self.memory.caches[0])
+        res.inputs.append(inp)
+        return inp
 
-    def build_attn_inp_kv_iswa(self, res: LlamaGraph) -> tuple[AttnInput, AttnInput]:
+    def build_attn_inp_kv_iswa(self, res: LlamaGraph) -> InputAttnKVISWA:
         """``build_attn_inp_kv_iswa``: the non-SWA cache's inputs, then the SWA cache's."""
-        assert self.kv_swa is not None
-        return self._attn_inp(res, self.kv, ""), self._attn_inp(res, self.kv_swa, "_swa")
+        if self.memory.kind != "kv-iswa":
+            raise ValueError(f"build_attn_inp_kv_iswa needs llama_kv_cache_iswa's memory, this one is "
+                             f"{self.memory.kind!r}")
+        base, swa = self.memory.caches
+        inp = InputAttnKVISWA(self._attn_inp(res, base), self._attn_inp(res, swa))
+        res.inputs.append(inp)
+        return inp
+
+    def build_inp_attn(self, res: LlamaGraph) -> InputAttnKV | InputAttnKVISWA:
+        """The attention input the memory needs: ``build_attn_inp_kv_iswa`` for llama_kv_cache_iswa,
+        else ``build_attn_inp_kv`` (an architecture with an optional window, as gemma3 builds it)."""
+        if self.memory.kind == "kv-iswa":
+            return self.build_attn_inp_kv_iswa(res)
+        return self.build_attn_inp_kv(res)
 
     def build_inp_out_ids(self, res: LlamaGraph) -> Tensor:
         t = ops.new_tensor_1d(I32, res.n_outputs).set_input()
-        res.inputs["inp_out_ids"] = t
+        res.inputs.append(InputOutIds(t))
         return t
 
     # ---- blocks ---------------------------------------------------------------------------------
@@ -194,24 +220,40 @@ class GraphBuilder:
         factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
         return ops.rope_ext(x, pos, factors, hp.n_rot, hp.architecture.rope_type, hp.n_ctx_train, hp.rope_base(il))
 
-    def wo_in(self, il: int) -> Tensor:
-        return self.model.w(f"blk.{il}.attn_output.weight")
+    def build_attn(self, res: LlamaGraph, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
+                   wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_b: Tensor | None,
+                   sinks: Tensor | None, v_mla: Tensor | None, kq_scale: float, il: int, *,
+                   wo_s: Tensor | None = None) -> Tensor:
+        """``llm_graph_context::build_attn``: store K and V, attend, project (kqv_out, wo, wo_s, wo_b).
 
-    def build_attn(self, res: LlamaGraph, inp: AttnInput, il: int, q: Tensor, k_cur: Tensor, v_cur: Tensor,
-                   kq_scale: float, *, iswa: bool = False) -> Tensor:
-        """``build_attn``: store K and V, attend, project with ``attn_output`` (kqv_out, then wo)."""
+        ``inp`` is a KV input (``llm_graph_input_attn_kv``) or an iSWA input, which gives the inputs
+        of the cache that holds layer il. Q, then V and K (iSWA: K and V) are expanded together so
+        they are not reordered (fewer splits). ``wo`` None: no output projection; ``wo_s`` multiplies
+        and ``wo_b`` adds after it (``build_lora_mm``, the output bias). Not built yet, each raising
+        UnsupportedFeature when given: ``kq_b`` (a KQ bias, T5's relative positions), ``sinks``
+        (gpt-oss's attention sinks) and ``v_mla`` (DeepSeek's MLA V up-projection after attention).
+        """
+        for name, t in (("kq_b", kq_b), ("sinks", sinks), ("v_mla", v_mla)):
+            if t is not None:
+                raise UnsupportedFeature(name, f"build_attn's {name} argument is not built yet (layer {il})")
         gf = res.graph
-        # expand Q, V, K (iSWA: Q, K, V) together so they are not reordered (fewer splits)
-        gf.build_forward_expand(q)
-        for t in ((k_cur, v_cur) if iswa else (v_cur, k_cur)):
+        kv = inp.layer_input(il)
+        gf.build_forward_expand(q_cur)
+        for t in inp.expand_order(k_cur, v_cur):
             gf.build_forward_expand(t)
-        gf.build_forward_expand(self._cpy_k(inp.kv, k_cur, inp.k_idxs, il))
-        gf.build_forward_expand(self._cpy_v(inp.kv, v_cur, inp.v_idxs, il))
-        k = self._get_k(res, inp.kv, il)
-        v = self._get_v(res, inp.kv, il)
-        cur = self._attn_mha(res, il, q, k, v, inp.kq_mask, kq_scale)
+        gf.build_forward_expand(self._cpy_k(kv.cache, k_cur, kv.k_idxs, il))
+        gf.build_forward_expand(self._cpy_v(kv.cache, v_cur, kv.v_idxs, il))
+        k = self._get_k(res, kv.cache, il)
+        v = self._get_v(res, kv.cache, il)
+        cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale)
         self.cb(res, cur, "kqv_out", il)
-        return ops.mul_mat(self.wo_in(il), cur)
+        if wo is not None:
+            cur = ops.mul_mat(wo, cur)
+            if wo_s is not None:
+                cur = ops.mul(cur, wo_s)
+        if wo_b is not None:
+            cur = ops.add(cur, wo_b)
+        return cur
 
     def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
         """The layer's FFN slot: build_moe_ffn for a model with experts, else the dense gated FFN."""

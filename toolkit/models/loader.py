@@ -1,4 +1,4 @@
-"""Where llama.cpp puts a model: layers on devices, weights in buffers, the KV cache, the output buffer.
+"""Where llama.cpp puts a model: layers on devices, weights in buffers, the output buffer.
 
 - Layers (``llama_model::load_tensors``): ``-ngl`` counts the output layer; the first
   ``n_layer + 1 - ngl`` layers stay on the CPU; the offloaded ones are spread over the
@@ -7,9 +7,8 @@
 - Weights: on a CPU layer a matrix goes to ``CPU_REPACK`` when the CPU's repack buffer
   can run its MUL_MAT, otherwise to the CPU buffer, which is ``CPU_Mapped`` with mmap and
   then spans the file range of its tensors (``get_mapping_range``).
-- KV cache (``llama_kv_cache``): per layer on that layer's device (on the CPU with
-  ``-nkvo``), ``cache_k_l<il>``/``cache_v_l<il>`` of ``[n_embd_gqa, kv_size, n_stream]``;
-  sliding-window models get ``llama_kv_cache_iswa``'s two caches (:func:`make_memory`).
+- KV cache: :mod:`toolkit.models.memory` (``llama_model::create_memory``); the type checks
+  ``llama_init_from_model`` makes before it are :func:`check_kv_types`.
 - Output buffer: ``n_seq_max`` rows of logits in the output device's host buft, else CPU.
 """
 
@@ -231,36 +230,6 @@ def _override_buft(w: WeightInfo, buft_name: str, devs: DeviceSet, use_mmap: boo
     return cpu_name, devs.cpu_buft.name
 
 
-@dataclass
-class KVCache:
-    """``llama_kv_cache``: one K and one V tensor per layer it holds, in per-device buffers.
-
-    ``layers`` are the model layers of this cache in order (every layer, or those the iSWA
-    filter gives it); ``k``/``v`` follow that order (:meth:`k_of` takes a model layer).
-    """
-
-    k: list[Tensor]
-    v: list[Tensor]
-    kv_size: int
-    n_stream: int
-    v_trans: bool
-    buffers_bytes: dict[str, int]
-    k_bytes: int
-    v_bytes: int
-    layers: tuple[int, ...] = ()
-    kind: str = "single"              # "single", or llama_kv_cache_iswa's "non-SWA" / "SWA"
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.buffers_bytes.values())
-
-    def k_of(self, il: int) -> Tensor:
-        return self.k[self.layers.index(il)]
-
-    def v_of(self, il: int) -> Tensor:
-        return self.v[self.layers.index(il)]
-
-
 def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> None:
     """The checks llama_init_from_model makes before creating a context."""
     for which, t, head in (("K", rp.type_k, hp.n_embd_head_k), ("V", rp.type_v, hp.n_embd_head_v)):
@@ -273,74 +242,6 @@ def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> No
         raise ParameterError("type_v", rp.type_v.lower, "a non-quantized type unless flash_attn is on",
                              "V cache quantization requires flash_attn",
                              llama_text=f"V cache quantization ({rp.type_v.lower}) requires flash_attn")
-
-
-def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool,
-                  layers: list[int] | None = None, kv_size: int | None = None, kind: str = "single") -> KVCache:
-    """One ``llama_kv_cache`` over ``layers`` (default: all) with ``kv_size`` cells per stream."""
-    hp = model.hparams
-    devs = model.devices
-    kv_size = rp.kv_size if kv_size is None else kv_size
-    n_stream = rp.n_stream
-    layers = list(range(hp.n_layer)) if layers is None else layers
-    ks: list[Tensor] = []
-    vs: list[Tensor] = []
-    sizes: dict[str, int] = {}
-    bufts: dict[str, BufferType] = {}
-    k_bytes = v_bytes = 0
-    names: list[str] = []
-    for il in layers:
-        d = model.layer_dev[il]
-        buft = devs.gpus[d].buft if (offload_kqv and d >= 0) else devs.cpu_buft
-        bufts[buft.name] = buft
-        names.append(buft.name)
-        # a transposed V cache is n_embd_v_gqa_max wide on every layer (llama_kv_cache, TAG_V_CACHE_VARIABLE)
-        n_embd_v_gqa = hp.n_embd_v_gqa(il) if flash_attn else hp.n_embd_v_gqa_max()
-        k = Tensor(rp.type_k, (hp.n_embd_k_gqa(il), kv_size, n_stream), name=f"cache_k_l{il}")
-        v = Tensor(rp.type_v, (n_embd_v_gqa, kv_size, n_stream), name=f"cache_v_l{il}")
-        for t in (k, v):
-            sizes[buft.name] = sizes.get(buft.name, 0) + _pad(buft.alloc_size(t), buft.alignment)
-        k_bytes += k.nbytes
-        v_bytes += v.nbytes
-        ks.append(k)
-        vs.append(v)
-    buffers = {n: Buffer(bufts[n], s, BufferUsage.ANY, n) for n, s in sizes.items()}
-    for k, v, name in zip(ks, vs, names):
-        k.buffer = buffers[name]
-        v.buffer = buffers[name]
-    return KVCache(ks, vs, kv_size, n_stream, not flash_attn, sizes, k_bytes, v_bytes, tuple(layers), kind)
-
-
-# the SWA cache is padded to a multiple of this (llama_kv_cache_iswa)
-SWA_CACHE_PAD = 256
-SWA_FULL_WARNING = ("llama_kv_cache_iswa: using full-size SWA cache "
-                    "(ref: https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")
-
-
-def swa_cache_size(hp: LlamaHParams, rp: ResolvedParams, *, swa_full: bool, unified: bool) -> int:
-    """``llama_kv_cache_iswa``: ``GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256)``
-    cells per stream, or the full ``size_base`` with ``--swa-full``."""
-    size_base = rp.kv_size
-    if swa_full:
-        return size_base
-    n = min(size_base, hp.n_swa * (rp.n_seq_max if unified else 1) + rp.n_ubatch)
-    return _pad(n, SWA_CACHE_PAD)
-
-
-def make_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool, swa_full: bool,
-                unified: bool) -> tuple[KVCache, KVCache | None, list[str]]:
-    """``llama_model::create_memory``: one ``llama_kv_cache``, or ``llama_kv_cache_iswa``'s two
-    (the non-SWA cache first, then the SWA cache), and the warnings logged while creating them."""
-    hp = model.hparams
-    if not hp.is_swa_any:
-        return make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn), None, []
-    swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-    base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
-    kv_base = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=base, kind="non-SWA")
-    size = swa_cache_size(hp, rp, swa_full=swa_full, unified=unified)
-    kv_swa = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=swa, kv_size=size,
-                           kind="SWA")
-    return kv_base, kv_swa, [SWA_FULL_WARNING] if swa_full else []
 
 
 def output_buffer(model: LoadedModel, rp: ResolvedParams) -> dict[str, int]:

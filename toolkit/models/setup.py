@@ -1,7 +1,7 @@
 """What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (the ``llama_context`` constructor).
 
 :func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
-devices and backends, the placed weights, the KV cache, the output buffer, the
+devices and backends, the placed weights, the memory (KV caches), the output buffer, the
 pipeline-parallel decision and the architecture's graph builder. The graph callback's scheduler
 pins (:func:`apply_pins`) live here too.
 """
@@ -20,7 +20,8 @@ from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
 from toolkit.models.graph import GraphBuilder, LlamaGraph
 from toolkit.models.hparams import LlamaHParams
-from toolkit.models.loader import KVCache, LoadedModel, check_kv_types, load_model, make_memory, output_buffer
+from toolkit.models.loader import LoadedModel, check_kv_types, load_model, output_buffer
+from toolkit.models.memory import Memory, create_memory
 
 if TYPE_CHECKING:
     from toolkit.sched import Scheduler
@@ -51,20 +52,19 @@ def devices_from_backends(backends: list[Backend]) -> DeviceSet:
 
 @dataclass
 class LlamaSetup:
-    """A loaded model in a context: placement, KV cache, output buffer, builder, pipeline decision."""
+    """A loaded model in a context: placement, memory, output buffer, builder, pipeline decision."""
 
     hparams: LlamaHParams
     cparams: ContextParams
     resolved: ResolvedParams
     devices: DeviceSet
     model: LoadedModel
-    kv: KVCache
+    memory: Memory                     # llama_model::create_memory's caches (and their cells)
     output_bytes: dict[str, int]
     flash_attn: bool                   # what the graphs use (auto starts on, the probe may turn it off)
     pipeline_parallel: bool
     pp_check: dict[str, object] = field(default_factory=dict)
-    kv_swa: KVCache | None = None      # llama_kv_cache_iswa's SWA cache (``kv`` is then the non-SWA one)
-    warnings: list[str] = field(default_factory=list)  # logged while creating the memory
+    warnings: list[str] = field(default_factory=list)  # logged while loading and creating the memory
     warned: bool = False               # the warnings went into a ReserveEvent already
     # the first build of each graph shape; build_graph hands out copies of it, never the graph itself
     graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None], LlamaGraph] = field(
@@ -76,8 +76,8 @@ class LlamaSetup:
 
     def builder(self, graph_size: int) -> GraphBuilder:
         """The architecture's graph builder (``llama_model::build_graph``) over this setup's model and memory."""
-        return self.hparams.architecture.builder(self.model, self.kv, flash_attn=self.flash_attn,
-                                                 graph_size=graph_size, kv_swa=self.kv_swa)
+        return self.hparams.architecture.builder(self.model, self.memory, flash_attn=self.flash_attn,
+                                                 graph_size=graph_size)
 
     def graph_max_nodes(self, n_tokens: int) -> int:
         """``llama_context::graph_max_nodes(n_tokens)``: the architecture's rule over the loaded model's
@@ -106,30 +106,6 @@ class LlamaSetup:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
         g = self._first_build(graph_size, n_tokens, n_seqs, n_outputs).graph
         return g.n_nodes, g.n_leafs
-
-    @property
-    def kv_caches(self) -> list[KVCache]:
-        """The KV caches in creation order (iSWA: the non-SWA cache, then the SWA cache)."""
-        return [self.kv] if self.kv_swa is None else [self.kv, self.kv_swa]
-
-    def kv_buffers_bytes(self) -> dict[str, int]:
-        """KV buffer bytes per buffer name, summed over the caches."""
-        out: dict[str, int] = {}
-        for c in self.kv_caches:
-            for name, b in c.buffers_bytes.items():
-                out[name] = out.get(name, 0) + b
-        return out
-
-    def kv_buffers_by_cache(self) -> dict[str, int]:
-        """KV buffer bytes as llama.cpp logs them, one line per cache and buffer: the buffer name, with
-        the cache in parentheses for iSWA's two caches (``CPU (SWA)``, ``CPU (non-SWA)``)."""
-        if self.kv_swa is None:
-            return dict(self.kv.buffers_bytes)
-        return {f"{name} ({c.kind})": b for c in self.kv_caches for name, b in c.buffers_bytes.items()}
-
-    def kv_cache_of(self, il: int) -> KVCache:
-        """The cache that holds layer il."""
-        return self.kv_swa if self.kv_swa is not None and il in self.kv_swa.layers else self.kv
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
@@ -167,8 +143,9 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     fa = cp.flash_attn != "off"
     check_kv_types(hp, rp, fa)
     model = load_model(hp, cp, devs)
-    kv, kv_swa, warnings = make_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa,
-                                       swa_full=cp.swa_full, unified=cp.kv_unified)
+    memory = create_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
+                           unified=cp.kv_unified)
+    warnings = list(memory.warnings)
     if rp.n_ctx_seq > hp.n_ctx_train:
         # llama_context's constructor warns and goes on
         warnings = [f"llama_context: n_ctx_seq ({rp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- "
@@ -176,7 +153,7 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     pp, check = pipeline_parallel(hp, cp, devs)
     # llama_model_loader warns before the memory is created
     warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
-    return LlamaSetup(hp, cp, rp, devs, model, kv, output_buffer(model, rp), fa, pp, check, kv_swa, warnings)
+    return LlamaSetup(hp, cp, rp, devs, model, memory, output_buffer(model, rp), fa, pp, check, warnings)
 
 
 def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:

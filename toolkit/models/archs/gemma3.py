@@ -69,10 +69,7 @@ class Gemma3GraphBuilder(GraphBuilder):
         inpL = self.build_inp_embd(res)
         inpL = cb(res, ops.scale(inpL, math.sqrt(float(hp.n_embd))), "inp_scaled", -1)
         inp_pos = self.build_inp_pos(res)
-        if self.kv_swa is not None:
-            inp_full, inp_swa = self.build_attn_inp_kv_iswa(res)
-        else:  # no sliding window in the file: one cache
-            inp_full = inp_swa = self.build_attn_inp_kv(res)
+        inp_attn = self.build_inp_attn(res)   # iSWA; without a sliding window in the file, one cache
         out_ids = self.build_inp_out_ids(res)
         q_scale = f_attention_scale(hp)
         for il in range(hp.n_layer):
@@ -88,8 +85,8 @@ class Gemma3GraphBuilder(GraphBuilder):
             cb(res, k, "Kcur", il)
             cb(res, v, "Vcur", il)
             q = ops.scale(q, q_scale)
-            inp = inp_swa if hp.is_swa(il) else inp_full
-            cur = self.build_attn(res, inp, il, q, k, v, 1.0, iswa=self.kv_swa is not None)
+            cur = self.build_attn(res, inp_attn, m.w(p + "attn_output.weight"), None, q, k, v, None, None, None,
+                                  1.0, il)
             if il == hp.n_layer - 1:
                 cur = ops.get_rows(cur, out_ids)
                 inpL = ops.get_rows(inpL, out_ids)

@@ -61,7 +61,8 @@ class Qwen3GraphBuilder(GraphBuilder):
             cb(res, q, "Qcur", il)
             cb(res, k, "Kcur", il)
             cb(res, v, "Vcur", il)
-            cur = self.build_attn(res, inp_attn, il, q, k, v, kq_scale)
+            cur = self.build_attn(res, inp_attn, m.w(p + "attn_output.weight"), None, q, k, v, None, None, None,
+                                  kq_scale, il)
             if il == hp.n_layer - 1:
                 cur = ops.get_rows(cur, out_ids)
                 inpSA = ops.get_rows(inpSA, out_ids)

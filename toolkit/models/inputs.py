@@ -1,0 +1,137 @@
+"""Graph inputs that fill themselves (``llm_graph_input_*`` of llama-graph.h), in numpy.
+
+The builder creates one object per input (``build_inp_embd``, ``build_inp_pos``,
+``build_inp_out_ids``, ``build_attn_inp_kv``, ``build_attn_inp_kv_iswa``) and keeps them in the
+graph's :attr:`~toolkit.models.graph.LlamaGraph.inputs`, in creation order. A runtime computes
+every input's values by looping over them: ``set_input(ubatch)`` returns ``{tensor: values}``,
+as ``llm_graph_input_i::set_input`` writes into the tensors' host buffers. The attention inputs
+read the cache's cells and the slot :meth:`toolkit.models.memory.Memory.apply_ubatch` found.
+
+>>> import numpy as np
+>>> from toolkit.ggml import ops, I32
+>>> from toolkit.models.memory import UBatch
+>>> inp = InputPos(ops.new_tensor_1d(I32, 3))
+>>> inp.set_input(UBatch.of_sequence([7, 8, 9], pos0=4))[inp.pos].tolist()
+[4, 5, 6]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolkit.ggml.tensor import Tensor
+from toolkit.models.memory import KVCache, UBatch
+
+
+@dataclass(eq=False)
+class GraphInput:
+    """``llm_graph_input_i``: an input's tensors (the dataclass fields that are tensors) and their values."""
+
+    def tensors(self) -> list[Tensor]:
+        """This input's tensors, in field order."""
+        out: list[Tensor] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out.append(v)
+            elif isinstance(v, GraphInput):
+                out += v.tensors()
+        return out
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        raise NotImplementedError
+
+    def copy(self, cp: Callable[[Tensor], Tensor]) -> GraphInput:
+        """The same input over a graph copy's tensors (``cp`` maps a tensor to its copy); caches are shared."""
+        changes: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (Tensor, GraphInput)):
+                changes[f.name] = cp(v) if isinstance(v, Tensor) else v.copy(cp)
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(eq=False)
+class InputEmbd(GraphInput):
+    """``llm_graph_input_embd``: the token ids (the token path); the vector-embedding input is in the
+    graph too but a ubatch of tokens leaves it unset."""
+
+    tokens: Tensor
+    embd: Tensor
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        return {self.tokens: ub.tokens.astype(np.int32)}
+
+
+@dataclass(eq=False)
+class InputPos(GraphInput):
+    """``llm_graph_input_pos``: one position per token."""
+
+    pos: Tensor
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        return {self.pos: ub.pos.astype(np.int32)}
+
+
+@dataclass(eq=False)
+class InputOutIds(GraphInput):
+    """``llm_graph_input_out_ids``: the rows that output (all of them when every token outputs)."""
+
+    out_ids: Tensor
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        n_outputs = self.out_ids.ne[0]
+        if n_outputs == ub.n_tokens:
+            return {self.out_ids: np.arange(n_outputs, dtype=np.int32)}
+        rows = np.flatnonzero(ub.output).astype(np.int32)
+        if len(rows) != n_outputs:
+            raise ValueError(f"the ubatch marks {len(rows)} output rows, the graph was built for {n_outputs}")
+        return {self.out_ids: rows}
+
+
+@dataclass(eq=False)
+class InputAttnKV(GraphInput):
+    """``llm_graph_input_attn_kv``: one cache's write indices and mask (``self_k_idxs``,
+    ``self_v_idxs``, ``self_kq_mask``)."""
+
+    cache: KVCache
+    k_idxs: Tensor
+    v_idxs: Tensor
+    kq_mask: Tensor
+    causal: bool = True
+
+    def layer_input(self, il: int) -> InputAttnKV:
+        """The inputs layer il attends through (this one)."""
+        return self
+
+    def expand_order(self, k_cur: Tensor, v_cur: Tensor) -> tuple[Tensor, Tensor]:
+        """What ``build_attn`` expands after Q: V, then K (K later, for the RoPE fusion into the cache)."""
+        return v_cur, k_cur
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        c = self.cache
+        return {self.k_idxs: c.set_input_k_idxs(ub), self.v_idxs: c.set_input_v_idxs(ub),
+                self.kq_mask: c.set_input_kq_mask(self.kq_mask, ub, self.causal)}
+
+
+@dataclass(eq=False)
+class InputAttnKVISWA(GraphInput):
+    """``llm_graph_input_attn_kv_iswa``: the non-SWA cache's inputs and the SWA cache's (``*_swa``)."""
+
+    base: InputAttnKV
+    swa: InputAttnKV
+
+    def layer_input(self, il: int) -> InputAttnKV:
+        """The inputs of the cache that holds layer il (``build_attn`` picks them by ``is_swa(il)``)."""
+        return self.swa if self.swa.cache.holds(il) else self.base
+
+    def expand_order(self, k_cur: Tensor, v_cur: Tensor) -> tuple[Tensor, Tensor]:
+        """What the iSWA ``build_attn`` expands after Q: K, then V."""
+        return k_cur, v_cur
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        return {**self.base.set_input(ub), **self.swa.set_input(ub)}
