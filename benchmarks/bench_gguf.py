@@ -95,6 +95,7 @@ def write_vocab_model(path: Path) -> None:
     import gguf
     import numpy as np
 
+    from toolkit.models import archs
     from toolkit.models.hparams import LlamaHParams
 
     hp = LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=LLAMA3_VOCAB,
@@ -117,7 +118,7 @@ def write_vocab_model(path: Path) -> None:
     w.add_token_types([1] * LLAMA3_VOCAB)
     w.add_token_merges([f"\u0120t{i % 5000} ok{i}" for i in range(LLAMA3_MERGES)])
     rng = np.random.default_rng(0)
-    for wi in hp.weights():
+    for wi in archs.get(hp.arch).weights(hp):
         w.add_tensor(wi.name, (0.02 * rng.standard_normal(tuple(reversed(wi.ne)))).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -224,7 +224,7 @@ def write_llama(path: Path, *, arch: str = "llama", block_count: object = 1, emb
     w.add_head_count(4)
     w.add_vocab_size(40)
     hp = dataclasses.replace(SMALL, dtype="f32")
-    for wi in hp.weights():
+    for wi in archs.get(hp.arch).weights(hp):
         w.add_tensor(wi.name, np.zeros(tuple(reversed(wi.ne)), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf
-from toolkit.models import presets
+from toolkit.models import archs, presets
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFArray, GGUFValueType, open_gguf
 from toolkit.models.hparams import LlamaHParams
@@ -101,7 +101,7 @@ def write_llama3_vocab_file(path: Path, n_merges: int) -> None:
     w.add_bos_token_id(128000)
     w.add_add_bos_token(True)
     hp = LlamaHParams(n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_vocab=LLAMA3_VOCAB, tied=True)
-    for wi in hp.weights():
+    for wi in archs.get(hp.arch).weights(hp):
         w.add_tensor(wi.name, np.full(tuple(reversed(wi.ne)), 0.5, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -12,6 +12,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from toolkit.jaxrt.devices import request_cpu_devices  # noqa: E402
+from toolkit.models import archs  # noqa: E402
 
 request_cpu_devices(4)
 
@@ -217,7 +218,7 @@ def oracle_weights(hp: LlamaHParams, seed: int = 1234) -> dict[str, np.ndarray]:
     GGUF write order (norms are ones and draw nothing)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for info in hp.weights():
+    for info in archs.get(hp.arch).weights(hp):
         shape = tuple(reversed(info.ne))
         out[info.name] = (np.ones(shape, np.float32) if len(info.ne) == 1
                           else (rng.standard_normal(shape) * 0.02).astype(np.float32))

@@ -7,7 +7,8 @@ from oracle_cases import DUMPS, case, debug_case_ids, fmt_size, parse_dump
 
 from toolkit.cases import cparams_from_case
 from toolkit.ggml.tensor import is_view_op
-from toolkit.models import ContextParams, LlamaHParams, presets
+from toolkit.models import ContextParams, LlamaHParams, archs, presets
+from toolkit.models.archs import ROPE_TYPE_NORM
 from toolkit.models.archs.llama import LlamaGraphBuilder
 from toolkit.models.devices import make_devices
 from toolkit.models.graph import GraphBuilder
@@ -23,10 +24,10 @@ def _builder(case_id: str) -> GraphBuilder:
     rp = cp.resolve(hp.n_ctx_train)
     fa = bool(c["observed"]["flash_attn_effective"])
     ds = make_devices(cp.devices, split_mode=cp.split_mode)
-    m = load_model(hp, cp, ds)
+    m = load_model(hp, cp, ds, archs.get(hp.arch).weights(hp))
     memory = create_memory(m, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
                            unified=cp.kv_unified)
-    return hp.architecture.builder(m, memory, flash_attn=fa, graph_size=1024)
+    return archs.get(hp.arch).make_builder(m, memory, flash_attn=fa, graph_size=1024)
 
 
 def _src_name_matches(ours: str, dumped: str) -> bool:
@@ -66,9 +67,10 @@ def test_node_count_rule(model: str, fa: bool, per_layer: int) -> None:
     for n_ctx, ub in ((256, 128), (4096, 512)):
         cp = ContextParams(n_ctx=n_ctx, n_ubatch=ub, flash_attn="on" if fa else "off", n_gpu_layers=0)
         rp = cp.resolve(hp.n_ctx_train)
-        m = load_model(hp, cp, make_devices(()))
+        m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
         kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
-        g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=2048).build(rp.n_ubatch, 1, rp.n_ubatch)
+        b = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=2048, rope_type=ROPE_TYPE_NORM)
+        g = b.build(rp.n_ubatch, 1, rp.n_ubatch)
         assert g.graph.n_nodes == per_layer * hp.n_layer + 6
 
 
@@ -88,9 +90,10 @@ def test_streams_add_cache_reshapes() -> None:
             cp = ContextParams(n_ctx=4096, n_ubatch=512, n_seq_max=4, kv_unified=unified,
                                flash_attn="on" if fa else "off", n_gpu_layers=0)
             rp = cp.resolve(hp.n_ctx_train)
-            m = load_model(hp, cp, make_devices(()))
+            m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
             kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
-            g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=1024).build(512, 4, 512)
+            g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=1024,
+                                  rope_type=ROPE_TYPE_NORM).build(512, 4, 512)
             counts[fa, unified] = g.graph.n_nodes
     # measured: cpu-tiny ...-np4 (72 / 80) and the bb-*-kvu1 cases (68 / 78)
     assert counts == {(True, True): 68, (True, False): 72, (False, True): 78, (False, False): 80}

@@ -13,7 +13,7 @@ import pytest
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml import F16, F32, Graph, ops
 from toolkit.ggml.tensor import Op, Tensor
-from toolkit.models import ContextParams, LlamaHParams, presets
+from toolkit.models import ContextParams, LlamaHParams, SWAParams, archs, presets
 from toolkit.models.devices import make_devices
 from toolkit.models.inputs import InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
 from toolkit.models.loader import load_model
@@ -136,8 +136,8 @@ def test_out_ids_pick_the_output_rows() -> None:
 
 
 def _gemma3(**cp: object) -> tuple[LlamaHParams, Memory, object]:
-    hp = LlamaHParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="gemma3", n_swa=4, swa_pattern=4,
-                      tied=True, rope_freq_base_swa=10000.0, name="gemma3-test")
+    hp = LlamaHParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="gemma3",
+                      swa=SWAParams(4, 4, 10000.0), tied=True, name="gemma3-test")
     st = setup(hp, ContextParams(n_ctx=256, n_batch=256, n_ubatch=32, flash_attn="off", **cp))  # type: ignore[arg-type]
     return hp, st.memory, st
 
@@ -203,7 +203,7 @@ def test_create_memory_single_cache_and_kinds() -> None:
     hp = presets.tiny()
     cp = ContextParams(n_ctx=256, n_ubatch=32)
     rp = cp.resolve(hp.n_ctx_train)
-    m = load_model(hp, cp, make_devices(()))
+    m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
     mem = create_memory(m, rp, offload_kqv=True, flash_attn=True, swa_full=False, unified=False)
     assert mem.kind == "kv" and len(mem.caches) == 1 and mem.caches[0].has_v and not mem.caches[0].v_trans
     # tiny: 2 layers, K and V f16 of [32, 256]: 16 KiB each

@@ -7,7 +7,7 @@ from oracle_cases import cases
 
 from toolkit.cases import cparams_from_case
 from toolkit.errors import ParameterError
-from toolkit.models import ContextParams, LlamaHParams, presets
+from toolkit.models import ContextParams, LlamaHParams, archs, presets
 
 
 @pytest.mark.parametrize("c", [c for c in cases() if c["cparams"]["effective_from_log"]], ids=lambda c: c["id"])
@@ -74,12 +74,15 @@ def test_cparams_from_case_reads_the_case_schema() -> None:
 def test_hparams_from_oracle_model_dict() -> None:
     hp = LlamaHParams.from_dict(cases()[0]["model"])
     assert hp == presets.tiny()
-    assert hp.n_tensors == 21 and presets.small().n_tensors == 39
-    assert presets.tiny(tied=True).n_tensors == 20  # no output.weight in the file
+    def n_tensors(h: LlamaHParams) -> int:
+        return len(archs.get(h.arch).weights(h))
+
+    assert n_tensors(hp) == 21 and n_tensors(presets.small()) == 39
+    assert n_tensors(presets.tiny(tied=True)) == 20  # no output.weight in the file
     q = LlamaHParams.from_dict({**cases()[0]["model"], "dtype": "q4_0", "n_embd": 256, "n_head": 8,
                                 "n_head_kv": 8, "n_ff": 688, "n_embd_head": 32, "n_rot": 32, "rope_dims": 32,
                                 "tensor_types": {"ffn_down.weight": "f16"}})
-    types = {w.name.split(".", 2)[-1]: w.type.name for w in q.weights() if w.layer == 0}
+    types = {w.name.split(".", 2)[-1]: w.type.name for w in archs.get(q.arch).weights(q) if w.layer == 0}
     assert types == {"attn_norm.weight": "F32", "attn_q.weight": "Q4_0", "attn_k.weight": "Q4_0",
                      "attn_v.weight": "Q4_0", "attn_output.weight": "Q4_0", "ffn_norm.weight": "F32",
                      "ffn_gate.weight": "Q4_0", "ffn_up.weight": "Q4_0", "ffn_down.weight": "F16"}
@@ -89,17 +92,18 @@ def test_block_quantized_rows_fall_back_to_f16() -> None:
     """Without an override, ffn_down of small (688 columns) is F16 under Q4_0, as in the oracle's small_q4_0."""
     hp = LlamaHParams.from_dict({**cases()[0]["model"], "n_embd": 256, "n_head": 8, "n_head_kv": 8, "n_ff": 688,
                                  "n_embd_head": 32, "n_rot": 32, "dtype": "q4_0"})
-    assert {w.type.name for w in hp.weights() if w.name.endswith("ffn_down.weight")} == {"F16"}
+    assert {w.type.name for w in archs.get(hp.arch).weights(hp) if w.name.endswith("ffn_down.weight")} == {"F16"}
     assert hp == LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {}})
+    bad = LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {"ffn_down.weight": "q4_0"}})
     with pytest.raises(ValueError, match="ffn_down.weight: row of 688 elements"):
-        LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {"ffn_down.weight": "q4_0"}})
+        archs.get(bad.arch).weights(bad)   # what setup and the GGUF reader list
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "med", "llama3_8b", "llama3_70b"])
 def test_presets(name: str) -> None:
     hp = presets.get(name)
     assert hp.n_embd_head_k * hp.n_head() == hp.n_embd_head_v * hp.n_head() == hp.n_embd
-    hp.validate_types()
+    archs.get(hp.arch).weights(hp)   # every row a whole number of its type's blocks
     with pytest.raises(ValueError, match="unknown model preset"):
         presets.get("gpt5")
 
@@ -122,7 +126,7 @@ def test_hparams_from_gguf_metadata(tmp_path) -> None:  # type: ignore[no-untype
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(32000)
     w.add_name("tiny_f32")
-    for wi in presets.tiny(tied=True).weights():
+    for wi in archs.get(presets.tiny(tied=True).arch).weights(presets.tiny(tied=True)):
         w.add_tensor(wi.name, np.zeros(tuple(reversed(wi.ne)), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

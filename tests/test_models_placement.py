@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 from oracle_cases import cases
 
-from toolkit.models import ContextParams, LlamaHParams, presets
-from toolkit.models.devices import make_devices
-from toolkit.models.loader import layer_devices, load_model
+from toolkit.models import ContextParams, LlamaHParams, archs, presets
+from toolkit.models.devices import DeviceSet, make_devices
+from toolkit.models.loader import LoadedModel, layer_devices, load_model
+
+
+def _load(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
+    """load_model over the architecture's weights (what setup passes it)."""
+    return load_model(hp, cp, devs, archs.get(hp.arch).weights(hp))
 
 
 def _small_q4_0() -> LlamaHParams:
@@ -19,9 +24,9 @@ def test_q4_0_on_cpu_repacks_matrices_and_maps_the_file_range() -> None:
     """Oracle README: small_q4_0 on CPU has 5,990,400 B of CPU_REPACK; CPU_Mapped spans 7,408,640 B with
     mmap, against 6,026,240 B of CPU with load mode none; CPU_REPACK never is a compute buffer."""
     hp = _small_q4_0()
-    mm = load_model(hp, ContextParams(n_gpu_layers=0), make_devices(()))
+    mm = _load(hp, ContextParams(n_gpu_layers=0), make_devices(()))
     assert mm.buffers_bytes == {"CPU_Mapped": 7408640, "CPU_REPACK": 5990400}
-    nm = load_model(hp, ContextParams(n_gpu_layers=0, use_mmap=False), make_devices(()))
+    nm = _load(hp, ContextParams(n_gpu_layers=0, use_mmap=False), make_devices(()))
     assert nm.buffers_bytes == {"CPU": 6026240, "CPU_REPACK": 5990400}
     assert nm.w("token_embd.weight").buffer.name == "CPU"          # GET_ROWS: no repack
     assert nm.w("blk.0.ffn_down.weight").buffer.name == "CPU"      # F16
@@ -57,12 +62,12 @@ def test_split_mode_none_keeps_only_the_main_device() -> None:
 
 def test_tied_output_duplicates_token_embd_on_the_output_device() -> None:
     hp = presets.tiny(tied=True)
-    cpu = load_model(hp, ContextParams(n_gpu_layers=0), make_devices(()))
-    untied = load_model(presets.tiny(), ContextParams(n_gpu_layers=0), make_devices(()))
+    cpu = _load(hp, ContextParams(n_gpu_layers=0), make_devices(()))
+    untied = _load(presets.tiny(), ContextParams(n_gpu_layers=0), make_devices(()))
     # the mapped range does not grow (same file bytes); the untied file has output.weight on top
     assert cpu.buffers_bytes["CPU_Mapped"] == untied.buffers_bytes["CPU_Mapped"] - 64 * 32000 * 4
     assert cpu.output is cpu.w("token_embd.weight") and cpu.n_tensors == 20   # same buffer type: one tensor
-    off = load_model(hp, ContextParams(n_gpu_layers=99), make_devices(("rpc:1",)))
+    off = _load(hp, ContextParams(n_gpu_layers=99), make_devices(("rpc:1",)))
     assert off.output is not None and off.output is not off.w("token_embd.weight") and off.n_tensors == 21
     assert off.output.name == "token_embd.weight"
     assert off.output.buffer.name == "RPC0[127.0.0.1:50052]"

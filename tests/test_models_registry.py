@@ -42,7 +42,7 @@ def test_unknown_architecture_is_a_typed_error_listing_the_known_ones() -> None:
     assert e.value.feature == "arch"
     assert str(e.value) == "architecture 'falcon' is not supported; supported: llama, qwen3, qwen3moe, gemma3"
     with pytest.raises(UnsupportedFeature, match="'falcon' is not supported"):
-        LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon")
+        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon"))
 
 
 def test_register_refuses_a_taken_name_and_what_is_not_a_record() -> None:
@@ -73,10 +73,10 @@ def test_builtin_records() -> None:
                    "qwen3moe": (ROPE_TYPE_NEOX, True, "kv"), "gemma3": (ROPE_TYPE_NEOX, True, "kv")}
     assert archs.get("qwen3").builder is archs.get("qwen3moe").builder
     with pytest.raises(ToolkitError, match="n_expert must be > 0"):
-        LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe")
+        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe"))
     moe = presets.mixtral_8x7b().moe
     with pytest.raises(UnsupportedFeature):
-        LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="gemma3", moe=moe)
+        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="gemma3", moe=moe))
 
 
 def test_graph_max_nodes_is_what_llama_cpp_recorded() -> None:
@@ -106,7 +106,7 @@ def test_per_layer_sizes_in_the_constructor_and_the_model_dict() -> None:
     hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=(128, 96))
     assert [(hp.n_head_kv(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il), hp.n_ff(il)) for il in range(2)] == [
         (2, 32, 32, 128), (4, 64, 64, 96)]
-    ne = {w.name: w.ne for w in hp.weights()}
+    ne = {w.name: w.ne for w in archs.get(hp.arch).weights(hp)}
     assert ne["blk.0.attn_k.weight"] == (64, 32) and ne["blk.1.attn_v.weight"] == (64, 64)
     assert ne["blk.1.ffn_down.weight"] == (96, 64)
     d = hp.to_dict()
@@ -151,13 +151,13 @@ def test_per_layer_head_count_kv_from_a_gguf(tmp_path: Path) -> None:
     hp = hparams_from_gguf(path)
     assert hp.n_head_kv_arr == (1, 4) and [hp.n_embd_k_gqa(il) for il in range(2)] == [16, 64]
     ctx = _context(path)
-    kv = ctx.setup.kv
+    kv = ctx.setup.memory.caches[0]
     assert [(t.name, t.ne) for t in kv.k] == [("cache_k_l0", (16, 256, 1, 1)), ("cache_k_l1", (64, 256, 1, 1))]
     assert ctx.kv_bytes == (16 + 64) * 256 * 4 * 2
     tokens = [int(x) for x in np.random.default_rng(3).integers(0, r["n_vocab"], 20)]
-    from toolkit.jaxrt.runtime import engine
+    from toolkit.jaxrt.runtime import runtime_of
 
-    got = engine(ctx).decode(tokens)
+    got = runtime_of(ctx).decode(tokens)
     assert float(np.abs(got - reference(w, r, tokens, kv_f16=False)).max()) < TOL_REF * float(np.abs(got).max())
 
 
@@ -205,7 +205,8 @@ class ToyGraphBuilder(GraphBuilder):
             cur = self.build_norm(res, inpL, m.w(p + "attn_norm.weight"), il)
             q, k, v = self.qkv(res, il, cur)
             q, k = self.rope(q, inp_pos, il), self.rope(k, inp_pos, il)
-            cur = self.build_attn(res, inp_attn, il, q, k, v, self.kq_scale())
+            cur = self.build_attn(res, inp_attn, m.w(p + "attn_output.weight"), None, q, k, v, None, None, None,
+                                  self.kq_scale(), il)
             if il == hp.n_layer - 1:
                 cur = ops.get_rows(cur, out_ids)
                 inpSA = ops.get_rows(inpSA, out_ids)
@@ -249,7 +250,8 @@ def test_a_toy_architecture_is_planned_and_run_through_the_registry_alone(toy: A
     path = str(tmp_path / "toy.gguf")
     w = write_model(path, r)
     hp = hparams_from_gguf(path)
-    assert hp.architecture is toy and hp.n_tensors == 1 + 10 * 2 + 2   # token_embd, 10 per layer, output_norm, output
+    # token_embd, 10 per layer, output_norm, output
+    assert archs.get(hp.arch) is toy and len(toy.weights(hp)) == 1 + 10 * 2 + 2
     ctx = _context(path)
     # the same model as llama: the toy's graph has the post-FFN RMS_NORM and MUL more per layer, GEGLU
     # instead of SWIGLU, and one split on the CPU
@@ -257,15 +259,16 @@ def test_a_toy_architecture_is_planned_and_run_through_the_registry_alone(toy: A
     write_model(base_path, _recipe("llama"))
     base = _context(base_path)
     ev, ev_base = ctx.events[-1], base.events[-1]
-    assert ev.n_nodes_pp == ev_base.n_nodes_pp + 2 * hp.n_layer and ev.n_splits_pp == ev_base.n_splits_pp == 1
+    pp, pp_base = ev.graphs["pp"], ev_base.graphs["pp"]
+    assert pp.n_nodes == pp_base.n_nodes + 2 * hp.n_layer and pp.n_splits == pp_base.n_splits == 1
     assert ctx.max_nodes() == 1024
     got, want_ops = _kinds(ctx.build_graph(64)), _kinds(base.build_graph(64))
     assert (got["ffn_geglu"], got["ffn_swiglu"], want_ops["ffn_swiglu"]) == (hp.n_layer, 0, hp.n_layer)
     assert got["RMS_NORM"] == want_ops["RMS_NORM"] + hp.n_layer
     tokens = [int(x) for x in np.random.default_rng(11).integers(0, r["n_vocab"], 24)]
-    from toolkit.jaxrt.runtime import engine
+    from toolkit.jaxrt.runtime import runtime_of
 
-    eng = engine(ctx)
+    eng = runtime_of(ctx)
     logits = np.concatenate([eng.decode(tokens[:23]), eng.decode(tokens[23:])])
     want = reference(w, r, tokens, kv_f16=False)
     assert float(np.abs(logits - want).max()) < TOL_REF * float(np.abs(want).max())

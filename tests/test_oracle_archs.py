@@ -67,11 +67,14 @@ def test_rope_freqs_on_every_device_with_a_repeating_layer() -> None:
 
 
 def test_unsupported_architecture_is_refused() -> None:
+    """The hyperparameters only name their architecture; a context over an unregistered one is refused."""
+    from toolkit.context import Context
+
     with pytest.raises(UnsupportedFeature) as e:
-        LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="mamba")
+        Context(LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="mamba"))
     assert "mamba" in str(e.value) and f"supported: {', '.join(archs.names())}" in str(e.value)
     with pytest.raises(UnsupportedFeature):
-        LlamaHParams.from_dict({"arch": "qwen2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_ff": 128})
+        Context({"arch": "qwen2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_ff": 128})
 
 
 @pytest.mark.parametrize(("preset", "devices", "ngl", "n_tensors", "max_nodes"), [

@@ -19,6 +19,7 @@ import numpy as np
 
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.models import archs
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFFile, open_gguf
 from toolkit.models.hparams import LlamaHParams
@@ -69,7 +70,7 @@ def random_weights(hp: LlamaHParams, seed: int = 0, scale: float = 0.1) -> dict[
     """Random f32 values for every weight of hp (numpy order: ne reversed); norms near 1."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for w in hp.weights():
+    for w in archs.get(hp.arch).weights(hp):
         shape = tuple(reversed(w.ne))
         if len(w.ne) == 1:
             out[w.name] = (1.0 + scale * rng.standard_normal(shape)).astype(np.float32)
@@ -109,7 +110,7 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
     from gguf import GGUFWriter
 
     vals = dict(values) if values is not None else random_weights(hp, seed)
-    arch = hp.architecture
+    arch = archs.get(hp.arch)
     w = GGUFWriter(str(path), arch.name)
     w.add_name(hp.name)
     w.add_block_count(hp.n_layer)
@@ -138,7 +139,7 @@ def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarr
     w.add_token_scores([0.0] * hp.n_vocab)
     w.add_token_types([1] * hp.n_vocab)
     stored: dict[str, np.ndarray] = {}
-    for info in hp.weights():
+    for info in arch.weights(hp):
         arr, qt = encode(vals[info.name], info.type)
         w.add_tensor(info.name, arr, raw_dtype=qt)
         stored[info.name] = decode_values(arr, info.type, info.ne)

@@ -151,7 +151,8 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> LlamaHParams:
         raise
     except ValueError as e:
         raise GGUFError(f.path, f"inconsistent hyperparameters: {e}", None, f.arch_key("*")) from None
-    check_shapes(f, hp.weights())
+    arch.check(hp)
+    check_shapes(f, arch.weights(hp))
     return hp
 
 

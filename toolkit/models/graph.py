@@ -105,8 +105,11 @@ class GraphBuilder:
     output norm) and may override :meth:`ffn`.
     """
 
-    def __init__(self, model: LoadedModel, memory: Memory, *, flash_attn: bool, graph_size: int) -> None:
+    def __init__(self, model: LoadedModel, memory: Memory, *, flash_attn: bool, graph_size: int,
+                 rope_type: int) -> None:
+        """``rope_type``: ``llama_model_rope_type`` of the architecture (its record says which)."""
         self.model = model
+        self.rope_type = rope_type
         self.hp = model.hparams
         self.memory = memory
         self.flash_attn = flash_attn
@@ -218,7 +221,7 @@ class GraphBuilder:
         freq-factors source) if any."""
         hp = self.hp
         factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
-        return ops.rope_ext(x, pos, factors, hp.n_rot, hp.architecture.rope_type, hp.n_ctx_train, hp.rope_base(il))
+        return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, hp.n_ctx_train, hp.rope_base(il))
 
     def build_attn(self, res: LlamaGraph, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
                    wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_b: Tensor | None,

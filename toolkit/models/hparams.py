@@ -11,18 +11,20 @@ A :class:`LlamaHParams` describes a model of one of the registered architectures
 - features as small records that check themselves: the sliding window (:class:`SWAParams`,
   ``is_swa(il)``), the experts (:class:`~toolkit.models.moe.MoEParams`); ``is_recr(il)`` is False
   for every architecture built so far;
-- the weights: shapes from the architecture's record, the type of each (``dtype`` for 2-D
+- the weights: their shapes come from the architecture's record
+  (:meth:`toolkit.models.archs.Architecture.weights`, which the hyperparameters do not look up:
+  ``arch`` is a name the registry resolves, above this module); here the type of each (``dtype`` for 2-D
   matrices, F32 for 1-D norms, per-suffix overrides in ``tensor_types``), whether the output head
   is tied to the token embedding, and the ``rope_freqs`` factors of Llama-3.x files.
 
 The constructor takes ``n_head``, ``n_head_kv`` and ``n_ff`` as one value for every layer or a
 sequence of ``n_layer`` values (stored as ``n_head_arr`` & co.: an int when every layer agrees).
 
->>> from toolkit.models import presets
+>>> from toolkit.models import archs, presets
 >>> hp = presets.tiny()
->>> hp.n_embd_head_k, hp.n_embd_k_gqa(0), hp.n_tensors
+>>> hp.n_embd_head_k, hp.n_embd_k_gqa(0), len(archs.get(hp.arch).weights(hp))
 (16, 32, 21)
->>> [w.name for w in hp.weights()][:3]
+>>> [w.name for w in archs.get(hp.arch).weights(hp)][:3]
 ['token_embd.weight', 'blk.0.attn_norm.weight', 'blk.0.attn_q.weight']
 >>> LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=128).n_embd_k_gqa(1)
 64
@@ -32,17 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolkit.errors import ToolkitError
 from toolkit.ggml.types import F16, F32, GGMLType
-from toolkit.models import archs
 from toolkit.models import moe as moe_ffn
 from toolkit.models.moe import MoEParams
-
-if TYPE_CHECKING:
-    from toolkit.models.archs import Architecture
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -200,7 +197,6 @@ class LlamaHParams:
         self._check()
 
     def _check(self) -> None:
-        arch = archs.get(self.arch)   # UnsupportedFeature naming the registered architectures
         for il in range(self.n_layer):
             if self.n_head(il) % self.n_head_kv(il):
                 raise ToolkitError(f"n_head={self.n_head(il)} is not a multiple of n_head_kv={self.n_head_kv(il)}"
@@ -215,13 +211,6 @@ class LlamaHParams:
         if self.swa is not None and self.swa.layers is not None and len(self.swa.layers) != self.n_layer:
             raise ToolkitError(f"the sliding window has {len(self.swa.layers)} per-layer flags; "
                                f"n_layer={self.n_layer} needs {self.n_layer}")
-        arch.check(self)
-
-    # ---- the architecture (toolkit.models.archs) --------------------------------------------
-    @property
-    def architecture(self) -> Architecture:
-        """The registered record of ``arch``: its tensors, builder, RoPE type, memory kind, max_nodes rule."""
-        return archs.get(self.arch)
 
     # ---- sizes per layer (llama_hparams) ----------------------------------------------------
     def n_head(self, il: int = 0) -> int:
@@ -304,52 +293,10 @@ class LlamaHParams:
             return F32
         return self.dtype if ne[0] % self.dtype.blck_size == 0 else F16
 
-    def _w(self, name: str, ne: tuple[int, ...], layer: int, op: str = "MUL_MAT") -> WeightInfo:
+    def weight(self, name: str, ne: tuple[int, ...], layer: int, op: str = "MUL_MAT") -> WeightInfo:
+        """One weight of this model with its type (:meth:`tensor_type`); the architecture's record lists
+        them (:meth:`toolkit.models.archs.Architecture.weights`)."""
         return WeightInfo(name, ne, self.tensor_type(name, ne), layer, op)
-
-    def weights(self) -> list[WeightInfo]:
-        """The GGUF's tensors in file order: token_embd, the blocks (the architecture's
-        ``layer_tensors``), output_norm, output.
-
-        The order matters for the memory-mapped CPU buffer, which spans the file range of
-        the tensors it holds (llama_model_loader::get_mapping_range).
-        """
-        return list(self._weights)
-
-    @cached_property
-    def _weights(self) -> tuple[WeightInfo, ...]:
-        E = self.n_embd
-        out = []
-        if self.rope_freqs is not None:
-            # convert_hf_to_gguf writes it first; llama.cpp duplicates it per repeating layer's buffer type
-            out.append(WeightInfo("rope_freqs.weight", (self.n_rot // 2,), F32, ROPE_FREQS_LAYER, "ROPE"))
-        out.append(self._w("token_embd.weight", (E, self.n_vocab), -1, "GET_ROWS"))
-        arch = self.architecture
-        for il in range(self.n_layer):
-            for t in arch.layer_tensors(self, il):
-                name = f"blk.{il}.{t.suffix}.weight"
-                if t.keep_f32 and not any(name.endswith(s) for s in self.tensor_types):
-                    out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
-                else:
-                    out.append(self._w(name, t.ne, il, t.op))
-        out.append(self._w("output_norm.weight", (E,), self.n_layer, "MUL"))
-        if not self.tied:
-            out.append(self._w("output.weight", (E, self.n_vocab), self.n_layer))
-        return tuple(out)
-
-    @property
-    def n_tensors(self) -> int:
-        """The GGUF's tensor count (a loaded model may add a duplicate of token_embd, see LoadedModel)."""
-        return len(self._weights)
-
-    def validate_types(self) -> None:
-        """Each weight's row length must be a whole number of blocks of its type."""
-        for w in self._weights:
-            if w.ne[0] % w.type.blck_size:
-                raise ToolkitError(
-                    f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s block size "
-                    f"{w.type.blck_size}"
-                )
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -382,7 +329,6 @@ class LlamaHParams:
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
-        hp.validate_types()
         return hp
 
     def to_dict(self) -> dict[str, Any]:
@@ -396,7 +342,6 @@ class LlamaHParams:
             "rope_freq_base": self.rope_freq_base, "eps": self.eps, "tied": self.tied,
             "dtype": self.dtype.lower, "tensor_types": {k: v.lower for k, v in self.tensor_types.items()},
             "has_rope_freqs": self.rope_freqs is not None, "rope_freqs": list(self.rope_freqs or ()),
-            "qk_norm": self.architecture.qk_norm,
             **({"swa": self.swa.to_dict()} if self.swa is not None else {}),
             **(self.moe.to_dict() if self.moe is not None else {}),
         }

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,15 +113,15 @@ class LoadedModel:
                    | {id(t) for t in self.rope_freqs})
 
 
-def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
-    """Place every weight (llama_model::load_tensors) and size the model buffers.
+def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo]) -> LoadedModel:
+    """Place every weight (llama_model::load_tensors) and size the model buffers; ``infos`` are the file's
+    tensors in file order (the architecture's :meth:`~toolkit.models.archs.Architecture.weights`).
 
     Two tensors are ``TENSOR_DUPLICATED`` there, and ``create_tensor`` reuses a duplicate only
     inside the same buffer type: the tied output (``token_embd`` again, in the output layer's
     buffer type) and ``rope_freqs.weight`` (once per buffer type of the repeating layers).
     Each copy counts in ``n_tensors``.
     """
-    hp.validate_types()
     model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
     n_layer = hp.n_layer
 
@@ -130,7 +131,6 @@ def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedMo
     # GGUF file offsets, for the memory-mapped CPU buffer's span
     offs: dict[str, tuple[int, int]] = {}
     pos = 0
-    infos = hp.weights()
     for w in infos:
         pos = _pad(pos, GGUF_DEFAULT_ALIGNMENT)
         offs[w.name] = (pos, pos + w.nbytes)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
 from toolkit.ggml.bulk import paused_gc
-from toolkit.models import overrides
+from toolkit.models import archs, overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
 from toolkit.models.graph import GraphBuilder, LlamaGraph
@@ -76,13 +76,13 @@ class LlamaSetup:
 
     def builder(self, graph_size: int) -> GraphBuilder:
         """The architecture's graph builder (``llama_model::build_graph``) over this setup's model and memory."""
-        return self.hparams.architecture.builder(self.model, self.memory, flash_attn=self.flash_attn,
-                                                 graph_size=graph_size)
+        return archs.get(self.hparams.arch).make_builder(self.model, self.memory, flash_attn=self.flash_attn,
+                                                         graph_size=graph_size)
 
     def graph_max_nodes(self, n_tokens: int) -> int:
         """``llama_context::graph_max_nodes(n_tokens)``: the architecture's rule over the loaded model's
         tensor count (:meth:`toolkit.models.archs.Architecture.graph_max_nodes`)."""
-        return self.hparams.architecture.graph_max_nodes(self.model.n_tensors, n_tokens)
+        return archs.get(self.hparams.arch).graph_max_nodes(self.model.n_tensors, n_tokens)
 
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                      streams: tuple[int, int] | None = None) -> LlamaGraph:
@@ -136,15 +136,16 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
     """
+    arch = archs.checked(hp)   # UnsupportedFeature / ToolkitError: what load_arch_tensors refuses
     rp = cp.resolve(hp.n_ctx_train)
     if devs is None:
         devs = make_devices(cp.devices, split_mode=cp.split_mode, main_gpu=cp.main_gpu) if backends is None \
             else devices_from_backends(list(backends))
     fa = cp.flash_attn != "off"
     check_kv_types(hp, rp, fa)
-    model = load_model(hp, cp, devs)
+    model = load_model(hp, cp, devs, arch.weights(hp))
     memory = create_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
-                           unified=cp.kv_unified)
+                           unified=cp.kv_unified, kind=arch.memory)
     warnings = list(memory.warnings)
     if rp.n_ctx_seq > hp.n_ctx_train:
         # llama_context's constructor warns and goes on

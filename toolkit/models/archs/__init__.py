@@ -12,15 +12,15 @@ from outside the toolkit (a test, a notebook):
 >>> archs.get("gemma3").rope_type, archs.get("qwen3").qk_norm
 (2, True)
 
-The built-in modules are imported on the first lookup, not when this package is: their graph
-builders sit above the loader and the hyperparameters, which look their architecture up here.
+The registry sits above the hyperparameters, the loader and the graph builders: the
+hyperparameters name their architecture (``arch``) and the setup looks its record up here
+(:func:`get`, then :meth:`Architecture.check`), so no module below imports this one back.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.models.archs import gemma3, llama, qwen3
 from toolkit.models.archs.base import (
     MEMORY_KV,
     ROPE_TYPE_NEOX,
@@ -28,29 +28,18 @@ from toolkit.models.archs.base import (
     Architecture,
     TensorSpec,
 )
+from toolkit.models.hparams import LlamaHParams
 
 # the modules of this package that define the built-in architectures (each exports ARCHITECTURES)
-BUILTIN_MODULES = ("llama", "qwen3", "gemma3")
+BUILTIN_MODULES = (llama, qwen3, gemma3)
 
-_registry: dict[str, Architecture] = {}
-_loaded = False
-
-
-def _load_builtins() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in BUILTIN_MODULES:
-        for arch in importlib.import_module(f"{__name__}.{module}").ARCHITECTURES:
-            register(arch)
+_registry: dict[str, Architecture] = {arch.name: arch for m in BUILTIN_MODULES for arch in m.ARCHITECTURES}
 
 
 def register(arch: Architecture) -> Architecture:
     """Add ``arch`` under ``arch.name``; ParameterError for a name already taken. Returns ``arch``."""
     if not isinstance(arch, Architecture):
         raise ParameterError("arch", repr(arch), "an Architecture instance")
-    _load_builtins()
     if arch.name in _registry:
         raise ParameterError("arch", arch.name, "a name not registered yet",
                              f"registered: {', '.join(_registry)}")
@@ -67,18 +56,24 @@ def unregister(name: str) -> None:
 def get(name: str) -> Architecture:
     """The architecture registered as ``name`` (``general.architecture``); UnsupportedFeature
     (feature ``arch``) listing the known names for any other."""
-    _load_builtins()
     arch = _registry.get(name)
     if arch is None:
         raise UnsupportedFeature("arch", f"architecture {name!r} is not supported; supported: {', '.join(names())}")
     return arch
 
 
+def checked(hp: LlamaHParams) -> Architecture:
+    """The record of ``hp.arch`` after its :meth:`~Architecture.check` of ``hp`` (what ``load_arch_tensors``
+    refuses); UnsupportedFeature for an architecture that is not registered."""
+    arch = get(hp.arch)
+    arch.check(hp)
+    return arch
+
+
 def names() -> tuple[str, ...]:
     """The registered architectures' names, built-ins first, in registration order."""
-    _load_builtins()
     return tuple(_registry)
 
 
-__all__ = ["BUILTIN_MODULES", "MEMORY_KV", "ROPE_TYPE_NEOX", "ROPE_TYPE_NORM", "Architecture", "TensorSpec", "get",
-           "names", "register", "unregister"]
+__all__ = ["BUILTIN_MODULES", "MEMORY_KV", "ROPE_TYPE_NEOX", "ROPE_TYPE_NORM", "Architecture", "TensorSpec", "checked",
+           "get", "names", "register", "unregister"]

@@ -28,12 +28,16 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolkit.errors import ToolkitError
+from toolkit.ggml.types import F32
 from toolkit.models import moe as moe_ffn
+from toolkit.models.graph import GraphBuilder
+from toolkit.models.hparams import ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
+from toolkit.models.loader import LoadedModel
+from toolkit.models.memory import Memory
 
 if TYPE_CHECKING:
     from toolkit.models.gguf_file import GGUFFile
-    from toolkit.models.graph import GraphBuilder
-    from toolkit.models.hparams import LlamaHParams
 
 # llama_rope_type: LLAMA_ROPE_TYPE_NORM (adjacent pairs) and LLAMA_ROPE_TYPE_NEOX (= GGML_ROPE_TYPE_NEOX, halves)
 ROPE_TYPE_NORM = 0
@@ -94,6 +98,41 @@ class Architecture(abc.ABC):
     def check(self, hp: LlamaHParams) -> None:
         """Raise a typed error for hyperparameters this architecture cannot have (default: none)."""
         del hp
+
+    # ---- what the record gives every architecture -------------------------------------------------
+    def weights(self, hp: LlamaHParams) -> list[WeightInfo]:
+        """The GGUF's tensors in file order (``llama_model::load_tensors``): ``rope_freqs`` when the
+        file has it, token_embd, each block's :meth:`layer_tensors`, output_norm, output (unless tied).
+        ToolkitError for a weight whose row is not a whole number of its type's blocks.
+
+        The order matters for the memory-mapped CPU buffer, which spans the file range of the tensors
+        it holds (``llama_model_loader::get_mapping_range``)."""
+        E = hp.n_embd
+        out = []
+        if hp.rope_freqs is not None:
+            # convert_hf_to_gguf writes it first; llama.cpp duplicates it per repeating layer's buffer type
+            out.append(WeightInfo("rope_freqs.weight", (hp.n_rot // 2,), F32, ROPE_FREQS_LAYER, "ROPE"))
+        out.append(hp.weight("token_embd.weight", (E, hp.n_vocab), -1, "GET_ROWS"))
+        for il in range(hp.n_layer):
+            for t in self.layer_tensors(hp, il):
+                name = f"blk.{il}.{t.suffix}.weight"
+                if t.keep_f32 and not any(name.endswith(s) for s in hp.tensor_types):
+                    out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
+                else:
+                    out.append(hp.weight(name, t.ne, il, t.op))
+        out.append(hp.weight("output_norm.weight", (E,), hp.n_layer, "MUL"))
+        if not hp.tied:
+            out.append(hp.weight("output.weight", (E, hp.n_vocab), hp.n_layer))
+        for w in out:
+            if w.ne[0] % w.type.blck_size:
+                raise ToolkitError(f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s "
+                                   f"block size {w.type.blck_size}")
+        return out
+
+    def make_builder(self, model: LoadedModel, memory: Memory, *, flash_attn: bool,
+                     graph_size: int) -> GraphBuilder:
+        """This architecture's graph builder over a loaded model and its memory (``build_arch_graph``)."""
+        return self.builder(model, memory, flash_attn=flash_attn, graph_size=graph_size, rope_type=self.rope_type)
 
 
 # ---- per-layer pieces the architectures share (create_tensor_qkv & co.) -------------------------------
