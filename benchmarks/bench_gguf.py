@@ -96,9 +96,9 @@ def write_vocab_model(path: Path) -> None:
     import numpy as np
 
     from toolkit.models import archs
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
 
-    hp = LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=LLAMA3_VOCAB,
+    hp = HParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=LLAMA3_VOCAB,
                       n_ctx_train=8192, rope_freq_base=500000.0, tied=True, name="llama3-vocab-1layer")
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(hp.name)

@@ -95,9 +95,9 @@ def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
     import jax
 
     from toolkit.jaxrt.runtime import runtime_of
-    from toolkit.models import LlamaHParams
+    from toolkit.models import HParams
 
-    hp = LlamaHParams(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, n_vocab=4096, name="bench")
+    hp = HParams(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, n_vocab=4096, name="bench")
     ctx, values = make_ctx(hp, n_ubatch=n_tokens, n_batch=n_tokens)
     rt = runtime_of(ctx)
     prompt = list(np.random.default_rng(0).integers(0, hp.n_vocab, n_tokens))

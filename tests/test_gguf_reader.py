@@ -17,7 +17,7 @@ from toolkit.jaxrt.gguf_io import read_gguf, write_gguf
 from toolkit.models import archs, presets
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFArray, GGUFValueType, open_gguf
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 LLAMA3_VOCAB = 128_256
 
@@ -100,7 +100,7 @@ def write_llama3_vocab_file(path: Path, n_merges: int) -> None:
     w.add_token_merges([f"t{i} k{i % 97}" for i in range(n_merges)])
     w.add_bos_token_id(128000)
     w.add_add_bos_token(True)
-    hp = LlamaHParams(n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_vocab=LLAMA3_VOCAB, tied=True)
+    hp = HParams(n_layer=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=64, n_vocab=LLAMA3_VOCAB, tied=True)
     for wi in archs.get(hp.arch).weights(hp):
         w.add_tensor(wi.name, np.full(tuple(reversed(wi.ne)), 0.5, np.float32))
     w.write_header_to_file()
@@ -125,7 +125,7 @@ def test_reader_agrees_with_gguf_reader_on_a_llama3_sized_vocabulary(tmp_path: P
 
 @pytest.mark.parametrize("dt", ["f32", "f16", "q8_0", "q4_0"])
 def test_planning_and_runtime_read_the_same_hparams(tmp_path: Path, dt: str) -> None:
-    written = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256, n_ctx_train=2048,
+    written = HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=256, n_ctx_train=2048,
                            rope_freq_base=500000.0, eps=1.2345678e-6, dtype=dt, name=f"m_{dt}")
     path = tmp_path / "m.gguf"
     write_gguf(path, written, seed=1)

@@ -1,4 +1,4 @@
-"""Graph copies: ``Graph.copy`` and ``LlamaSetup.build_graph`` give what a fresh build gives.
+"""Graph copies: ``Graph.copy`` and ``ContextSetup.build_graph`` give what a fresh build gives.
 
 The context builds each graph shape once and hands out copies of it; the scheduler then
 rewrites a copy's sources and flags (pass 5, pipeline parallelism), which must not reach the
@@ -17,10 +17,10 @@ from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.graph import GraphFull
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.models import ContextParams, presets
-from toolkit.models.graph import LlamaGraph
+from toolkit.models.graph import GraphResult
 
 
-def _signature(lg: LlamaGraph) -> list[Any]:
+def _signature(lg: GraphResult) -> list[Any]:
     """Everything a build decides, with tensors named by position (or, for allocated tensors such
     as weights and the KV cache, by identity: copies share them)."""
     pos: dict[int, tuple[str, int]] = {}
@@ -52,7 +52,7 @@ def _signature(lg: LlamaGraph) -> list[Any]:
     ]
 
 
-def _own(lg: LlamaGraph) -> set[int]:
+def _own(lg: GraphResult) -> set[int]:
     """ids of the tensors a build creates (everything but the allocated ones)."""
     return {id(t) for t in [*lg.graph.leafs, *lg.graph.nodes] if t.buffer is None}
 

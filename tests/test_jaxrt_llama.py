@@ -19,7 +19,7 @@ from toolkit.context import Context  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of  # noqa: E402
-from toolkit.models import ContextParams, LlamaHParams, presets  # noqa: E402
+from toolkit.models import ContextParams, HParams, presets  # noqa: E402
 
 
 def _kv_round(x: jax.Array, kv: str) -> jax.Array:
@@ -35,7 +35,7 @@ def _kv_round(x: jax.Array, kv: str) -> jax.Array:
     return x
 
 
-def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False,
+def llama_reference(w: dict[str, np.ndarray], hp: HParams, tokens: list[int], kv_f16: bool = False,
                     kv: str = "f32") -> np.ndarray:
     """Plain JAX llama (no ggml, no cache): logits [T, n_vocab] of every position of ``tokens``."""
     kv = "f16" if kv_f16 else kv
@@ -76,7 +76,7 @@ def llama_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int
     return np.asarray(jnp.matmul(rms(x, W["output_norm.weight"]), jnp.asarray(out).T, precision="highest"))
 
 
-def tiny(dtype: str = "f32") -> LlamaHParams:
+def tiny(dtype: str = "f32") -> HParams:
     return dataclasses.replace(presets.tiny(dtype), n_vocab=256)
 
 
@@ -107,7 +107,7 @@ def make_runtime(path: str, *, devices: tuple[str, ...] = (), ngl: int = 999, fa
 PROMPT = [1, 17, 42, 9, 200, 3, 77, 5]
 
 
-def check(rt: ContextRuntime, w: dict[str, np.ndarray], hp: LlamaHParams, steps: list[list[int]], tol: float = 1e-4,
+def check(rt: ContextRuntime, w: dict[str, np.ndarray], hp: HParams, steps: list[list[int]], tol: float = 1e-4,
           kv_f16: bool = False) -> None:
     got = np.concatenate([rt.decode(s) for s in steps])
     seq = [t for s in steps for t in s]
@@ -182,7 +182,7 @@ def test_generate_is_greedy_over_reference(files) -> None:  # type: ignore[no-un
 
 def test_q8_0_kv_cache_with_flash_attention(tmp_path: Path) -> None:
     # head size 64: whole Q8_0 blocks per head, as llama.cpp requires of a quantized cache
-    hp = LlamaHParams(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_vocab=256, name="hd64")
+    hp = HParams(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_vocab=256, name="hd64")
     path = str(tmp_path / "hd64.gguf")
     w = write_gguf(path, hp, seed=4)
     rt = make_runtime(path, devices=("sim",), fa=True, kv="q8_0")

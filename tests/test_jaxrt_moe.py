@@ -25,19 +25,19 @@ from toolkit.ggml.types import F32, I32, Q8_0  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.kernels import eval_nodes  # noqa: E402
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of  # noqa: E402
-from toolkit.models import ContextParams, LlamaHParams  # noqa: E402
+from toolkit.models import ContextParams, HParams  # noqa: E402
 from toolkit.models.moe import MoEParams  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 PROMPT = [1, 17, 42, 9, 200, 3, 77, 5]
 
 
-def moe_hp(dtype: str = "f32", n_vocab: int = 256, k: int = 2) -> LlamaHParams:
-    return LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=n_vocab, dtype=dtype,
+def moe_hp(dtype: str = "f32", n_vocab: int = 256, k: int = 2) -> HParams:
+    return HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=n_vocab, dtype=dtype,
                         moe=MoEParams(n_expert=4, n_expert_used=k), name=f"moe_{dtype}")
 
 
-def moe_reference(w: dict[str, np.ndarray], hp: LlamaHParams, tokens: list[int], kv_f16: bool = False,
+def moe_reference(w: dict[str, np.ndarray], hp: HParams, tokens: list[int], kv_f16: bool = False,
                   choices: list[np.ndarray] | None = None) -> np.ndarray:
     """Plain JAX Mixtral forward (no ggml, no cache, top-k by jax.lax.top_k): logits [T, n_vocab].
     ``choices`` receives each layer's chosen experts [T, k]."""
@@ -165,7 +165,7 @@ def test_two_simulated_devices_experts_on_cpu(files, mode: dict[str, object]) ->
 def test_sched_copy_experts_moves_only_the_chosen_experts(tmp_path: Path) -> None:
     """16 experts, 32 tokens offloaded to SIM0 with the experts on the CPU: each expert tensor's split input
     holds the whole tensor, the copy moves the runs of experts the router chose (measured in decode)."""
-    hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=64, n_vocab=256,
+    hp = HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=64, n_vocab=256,
                       moe=MoEParams(n_expert=16, n_expert_used=1), name="moe16")
     path = str(tmp_path / "moe16.gguf")
     w = write_gguf(path, hp, seed=9)
@@ -213,7 +213,7 @@ def test_top1_routing_uses_a_cont(tmp_path: Path) -> None:
 
 # ---- llama.cpp's logits for the oracle's tiny_moe_f32 ------------------------------------------------
 
-def oracle_weights(hp: LlamaHParams, seed: int = 1234) -> dict[str, np.ndarray]:
+def oracle_weights(hp: HParams, seed: int = 1234) -> dict[str, np.ndarray]:
     """The oracle generator's values: normal(0, 0.02) float32 from default_rng(seed), tensor by tensor in
     GGUF write order (norms are ones and draw nothing)."""
     rng = np.random.default_rng(seed)
@@ -230,7 +230,7 @@ def _oracle_rows(tmp_path: Path, dtype: str, fa: str | None = None) -> tuple[dic
     matrices (the oracle generator's values; Q8_0 through gguf.quants, as the generator does)."""
     entry = next(e for e in json.loads((DATA / "logits-moe.json").read_text()) if e["model"] == "tiny_moe_f32")
     r = entry["gguf_recipe"]["recipe"]
-    hp = LlamaHParams(n_layer=r["n_layer"], n_embd=r["n_embd"], n_head=r["n_head"], n_head_kv=r["n_head_kv"],
+    hp = HParams(n_layer=r["n_layer"], n_embd=r["n_embd"], n_head=r["n_head"], n_head_kv=r["n_head_kv"],
                       n_ff=r["n_ff"], n_vocab=entry["n_vocab"], eps=r["eps"], rope_freq_base=r["rope_freq_base"],
                       dtype=dtype, moe=MoEParams(n_expert=r["n_expert"], n_expert_used=r["n_expert_used"]),
                       name=f"tiny_moe_{dtype}")

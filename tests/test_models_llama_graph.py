@@ -7,7 +7,7 @@ from oracle_cases import DUMPS, case, debug_case_ids, fmt_size, parse_dump
 
 from toolkit.cases import cparams_from_case
 from toolkit.ggml.tensor import is_view_op
-from toolkit.models import ContextParams, LlamaHParams, archs, presets
+from toolkit.models import ContextParams, HParams, archs, presets
 from toolkit.models.archs import ROPE_TYPE_NORM
 from toolkit.models.archs.llama import LlamaGraphBuilder
 from toolkit.models.devices import make_devices
@@ -19,7 +19,7 @@ from toolkit.models.memory import Memory, create_memory, make_kv_cache
 
 def _builder(case_id: str) -> GraphBuilder:
     c = case(case_id)
-    hp = LlamaHParams.from_dict(c["model"])
+    hp = HParams.from_dict(c["model"])
     cp = cparams_from_case(c["cparams"])
     rp = cp.resolve(hp.n_ctx_train)
     fa = bool(c["observed"]["flash_attn_effective"])

@@ -13,7 +13,7 @@ import pytest
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml import F16, F32, Graph, ops
 from toolkit.ggml.tensor import Op, Tensor
-from toolkit.models import ContextParams, LlamaHParams, SWAParams, archs, presets
+from toolkit.models import ContextParams, HParams, SWAParams, archs, presets
 from toolkit.models.devices import make_devices
 from toolkit.models.inputs import InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
 from toolkit.models.loader import load_model
@@ -135,8 +135,8 @@ def test_out_ids_pick_the_output_rows() -> None:
     assert inp.set_input(ub)[inp.out_ids].tolist() == [0, 2]
 
 
-def _gemma3(**cp: object) -> tuple[LlamaHParams, Memory, object]:
-    hp = LlamaHParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="gemma3",
+def _gemma3(**cp: object) -> tuple[HParams, Memory, object]:
+    hp = HParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="gemma3",
                       swa=SWAParams(4, 4, 10000.0), tied=True, name="gemma3-test")
     st = setup(hp, ContextParams(n_ctx=256, n_batch=256, n_ubatch=32, flash_attn="off", **cp))  # type: ignore[arg-type]
     return hp, st.memory, st

@@ -7,13 +7,13 @@ import pytest
 
 from toolkit.context import Context
 from toolkit.errors import ParameterError, UnsupportedFeature
-from toolkit.models import ContextParams, LlamaHParams
+from toolkit.models import ContextParams, HParams
 from toolkit.models.moe import MoEParams
 from toolkit.models.overrides import FFN_EXPS_REGEX, exps_block_regex, match, parse
 
 
-def moe(dtype: str = "f32", n_layer: int = 2) -> LlamaHParams:
-    return LlamaHParams(n_layer=n_layer, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, dtype=dtype,
+def moe(dtype: str = "f32", n_layer: int = 2) -> HParams:
+    return HParams(n_layer=n_layer, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, dtype=dtype,
                         moe=MoEParams(n_expert=4, n_expert_used=2), name="m")
 
 

@@ -7,13 +7,13 @@ from oracle_cases import cases
 
 from toolkit.cases import cparams_from_case
 from toolkit.errors import ParameterError
-from toolkit.models import ContextParams, LlamaHParams, archs, presets
+from toolkit.models import ContextParams, HParams, archs, presets
 
 
 @pytest.mark.parametrize("c", [c for c in cases() if c["cparams"]["effective_from_log"]], ids=lambda c: c["id"])
 def test_effective_values_match_llama_context_log(c: dict) -> None:
     eff = c["cparams"]["effective_from_log"]
-    hp = LlamaHParams.from_dict(c["model"])
+    hp = HParams.from_dict(c["model"])
     rp = cparams_from_case(c["cparams"]).resolve(hp.n_ctx_train)
     assert (rp.n_ctx, rp.n_ctx_seq, rp.n_batch, rp.n_ubatch, rp.n_seq_max, rp.n_outputs_max,
             rp.n_outputs_max_per_seq) == (eff["n_ctx"], eff["n_ctx_seq"], eff["n_batch"], eff["n_ubatch"],
@@ -72,14 +72,14 @@ def test_cparams_from_case_reads_the_case_schema() -> None:
 
 
 def test_hparams_from_oracle_model_dict() -> None:
-    hp = LlamaHParams.from_dict(cases()[0]["model"])
+    hp = HParams.from_dict(cases()[0]["model"])
     assert hp == presets.tiny()
-    def n_tensors(h: LlamaHParams) -> int:
+    def n_tensors(h: HParams) -> int:
         return len(archs.get(h.arch).weights(h))
 
     assert n_tensors(hp) == 21 and n_tensors(presets.small()) == 39
     assert n_tensors(presets.tiny(tied=True)) == 20  # no output.weight in the file
-    q = LlamaHParams.from_dict({**cases()[0]["model"], "dtype": "q4_0", "n_embd": 256, "n_head": 8,
+    q = HParams.from_dict({**cases()[0]["model"], "dtype": "q4_0", "n_embd": 256, "n_head": 8,
                                 "n_head_kv": 8, "n_ff": 688, "n_embd_head": 32, "n_rot": 32, "rope_dims": 32,
                                 "tensor_types": {"ffn_down.weight": "f16"}})
     types = {w.name.split(".", 2)[-1]: w.type.name for w in archs.get(q.arch).weights(q) if w.layer == 0}
@@ -90,11 +90,11 @@ def test_hparams_from_oracle_model_dict() -> None:
 
 def test_block_quantized_rows_fall_back_to_f16() -> None:
     """Without an override, ffn_down of small (688 columns) is F16 under Q4_0, as in the oracle's small_q4_0."""
-    hp = LlamaHParams.from_dict({**cases()[0]["model"], "n_embd": 256, "n_head": 8, "n_head_kv": 8, "n_ff": 688,
+    hp = HParams.from_dict({**cases()[0]["model"], "n_embd": 256, "n_head": 8, "n_head_kv": 8, "n_ff": 688,
                                  "n_embd_head": 32, "n_rot": 32, "dtype": "q4_0"})
     assert {w.type.name for w in archs.get(hp.arch).weights(hp) if w.name.endswith("ffn_down.weight")} == {"F16"}
-    assert hp == LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {}})
-    bad = LlamaHParams.from_dict({**hp.to_dict(), "tensor_types": {"ffn_down.weight": "q4_0"}})
+    assert hp == HParams.from_dict({**hp.to_dict(), "tensor_types": {}})
+    bad = HParams.from_dict({**hp.to_dict(), "tensor_types": {"ffn_down.weight": "q4_0"}})
     with pytest.raises(ValueError, match="ffn_down.weight: row of 688 elements"):
         archs.get(bad.arch).weights(bad)   # what setup and the GGUF reader list
 

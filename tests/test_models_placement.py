@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 from oracle_cases import cases
 
-from toolkit.models import ContextParams, LlamaHParams, archs, presets
+from toolkit.models import ContextParams, HParams, archs, presets
 from toolkit.models.devices import DeviceSet, make_devices
 from toolkit.models.loader import LoadedModel, layer_devices, load_model
 
 
-def _load(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
+def _load(hp: HParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
     """load_model over the architecture's weights (what setup passes it)."""
     return load_model(hp, cp, devs, archs.get(hp.arch).weights(hp))
 
 
-def _small_q4_0() -> LlamaHParams:
+def _small_q4_0() -> HParams:
     base = next(c["model"] for c in cases() if c["model"]["name"] == "small_f32")
-    return LlamaHParams.from_dict({**base, "dtype": "q4_0", "tensor_types": {"ffn_down.weight": "f16"}})
+    return HParams.from_dict({**base, "dtype": "q4_0", "tensor_types": {"ffn_down.weight": "f16"}})
 
 
 def test_q4_0_on_cpu_repacks_matrices_and_maps_the_file_range() -> None:

@@ -24,11 +24,11 @@ from toolkit.context import Context  # noqa: E402
 from toolkit.errors import GGUFError, ParameterError, ToolkitError, UnsupportedFeature  # noqa: E402
 from toolkit.ggml import ops  # noqa: E402
 from toolkit.ggml.tensor import Tensor  # noqa: E402
-from toolkit.models import ContextParams, LlamaHParams, archs, presets  # noqa: E402
+from toolkit.models import ContextParams, HParams, archs, presets  # noqa: E402
 from toolkit.models.archs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM, Architecture, TensorSpec  # noqa: E402
 from toolkit.models.archs import llama as llama_arch  # noqa: E402
 from toolkit.models.gguf import hparams_from_gguf  # noqa: E402
-from toolkit.models.graph import GraphBuilder, LlamaGraph  # noqa: E402
+from toolkit.models.graph import GraphBuilder, GraphResult  # noqa: E402
 from toolkit.models.hparams import SWAParams  # noqa: E402
 
 TOL_REF = 1e-4   # against the plain-JAX forward: max |diff| / max |ref|
@@ -42,7 +42,7 @@ def test_unknown_architecture_is_a_typed_error_listing_the_known_ones() -> None:
     assert e.value.feature == "arch"
     assert str(e.value) == "architecture 'falcon' is not supported; supported: llama, qwen3, qwen3moe, gemma3"
     with pytest.raises(UnsupportedFeature, match="'falcon' is not supported"):
-        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon"))
+        archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon"))
 
 
 def test_register_refuses_a_taken_name_and_what_is_not_a_record() -> None:
@@ -73,10 +73,10 @@ def test_builtin_records() -> None:
                    "qwen3moe": (ROPE_TYPE_NEOX, True, "kv"), "gemma3": (ROPE_TYPE_NEOX, True, "kv")}
     assert archs.get("qwen3").builder is archs.get("qwen3moe").builder
     with pytest.raises(ToolkitError, match="n_expert must be > 0"):
-        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe"))
+        archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe"))
     moe = presets.mixtral_8x7b().moe
     with pytest.raises(UnsupportedFeature):
-        archs.checked(LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="gemma3", moe=moe))
+        archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="gemma3", moe=moe))
 
 
 def test_graph_max_nodes_is_what_llama_cpp_recorded() -> None:
@@ -97,13 +97,13 @@ def test_swa_params_check_themselves() -> None:
     flags = SWAParams(64, layers=(False, True))
     assert [flags.is_swa(il) for il in range(2)] == [False, True]
     with pytest.raises(ToolkitError, match="per-layer flags"):
-        LlamaHParams(n_layer=3, n_embd=64, n_head=4, n_ff=128, swa=flags)
+        HParams(n_layer=3, n_embd=64, n_head=4, n_ff=128, swa=flags)
 
 
 # ---- per-layer sizes -----------------------------------------------------------------------------
 
 def test_per_layer_sizes_in_the_constructor_and_the_model_dict() -> None:
-    hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=(128, 96))
+    hp = HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=(128, 96))
     assert [(hp.n_head_kv(il), hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il), hp.n_ff(il)) for il in range(2)] == [
         (2, 32, 32, 128), (4, 64, 64, 96)]
     ne = {w.name: w.ne for w in archs.get(hp.arch).weights(hp)}
@@ -111,20 +111,20 @@ def test_per_layer_sizes_in_the_constructor_and_the_model_dict() -> None:
     assert ne["blk.1.ffn_down.weight"] == (96, 64)
     d = hp.to_dict()
     assert (d["n_head"], d["n_head_kv"], d["n_ff"]) == (4, [2, 4], [128, 96])
-    assert LlamaHParams.from_dict(d) == hp
+    assert HParams.from_dict(d) == hp
     # every layer alike: stored (and printed) as one value
-    assert LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=[2, 2], n_ff=128, name="tiny_f32") == presets.tiny()
+    assert HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=[2, 2], n_ff=128, name="tiny_f32") == presets.tiny()
     with pytest.raises(ToolkitError, match="3 per-layer values; n_layer=2"):
-        LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 2, 2), n_ff=128)
+        HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 2, 2), n_ff=128)
     with pytest.raises(ToolkitError, match="not a multiple"):
-        LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 3), n_ff=128)
+        HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 3), n_ff=128)
 
 
 def test_k_and_v_head_sizes_are_separate() -> None:
     """attention.key_length / value_length: V heads of 32 beside K heads of 16 give V rows twice as wide."""
-    hp = LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_embd_head_v_=32)
+    hp = HParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_embd_head_v_=32)
     assert (hp.n_embd_head_k, hp.n_embd_head_v, hp.n_embd_k_gqa(0), hp.n_embd_v_gqa(0)) == (16, 32, 32, 64)
-    assert hp.to_dict()["n_embd_head_v"] == 32 and LlamaHParams.from_dict(hp.to_dict()) == hp
+    assert hp.to_dict()["n_embd_head_v"] == 32 and HParams.from_dict(hp.to_dict()) == hp
 
 
 def _recipe(arch: str, **changes: Any) -> dict[str, Any]:
@@ -190,10 +190,10 @@ class ToyGraphBuilder(GraphBuilder):
     """llama's layer with a GELU-gated FFN (GEGLU) and an RMS norm of the FFN output (``post_ffw_norm``)
     before the residual."""
 
-    def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
+    def ffn(self, res: GraphResult, il: int, cur: Tensor) -> Tensor:
         return self.build_ffn(res, il, cur, "gelu")
 
-    def build_layers(self, res: LlamaGraph) -> Tensor:
+    def build_layers(self, res: GraphResult) -> Tensor:
         hp, m, cb = self.hp, self.model, self.cb
         inpL = self.build_inp_embd(res)
         inp_pos = self.build_inp_pos(res)
@@ -221,7 +221,7 @@ class ToyGraphBuilder(GraphBuilder):
 @final
 @dataclass(frozen=True)
 class Toy(Architecture):
-    def layer_tensors(self, hp: LlamaHParams, il: int) -> list[TensorSpec]:
+    def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
         return [*llama_arch.layer_tensors(hp, il), TensorSpec("post_ffw_norm", (hp.n_embd,))]
 
 
@@ -281,7 +281,7 @@ def test_the_gguf_writer_uses_the_records_name_and_keys(tmp_path: Path) -> None:
     """toolkit.jaxrt.gguf_io.write_gguf writes gemma3's sliding-window keys under ``gemma3.`` and reads back equal."""
     from toolkit.jaxrt.gguf_io import write_gguf
 
-    hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=1, n_ff=128, n_vocab=64, arch="gemma3",
+    hp = HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=1, n_ff=128, n_vocab=64, arch="gemma3",
                       n_embd_head_k_=32, n_embd_head_v_=32, tied=True, swa=SWAParams(32, 2, 1e4), name="g")
     path = tmp_path / "g.gguf"
     write_gguf(path, hp)

@@ -16,7 +16,7 @@ from oracle_cases import arch_cases, case
 
 from toolkit.cases import plan_case
 from toolkit.errors import UnsupportedFeature
-from toolkit.models import LlamaHParams, archs
+from toolkit.models import HParams, archs
 
 FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes", "kv_bytes",
           "kv_buffers_bytes", "model_buffers_bytes", "output_buffer_bytes", "n_copies", "pipeline_parallel",
@@ -71,7 +71,7 @@ def test_unsupported_architecture_is_refused() -> None:
     from toolkit.context import Context
 
     with pytest.raises(UnsupportedFeature) as e:
-        Context(LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="mamba"))
+        Context(HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, arch="mamba"))
     assert "mamba" in str(e.value) and f"supported: {', '.join(archs.names())}" in str(e.value)
     with pytest.raises(UnsupportedFeature):
         Context({"arch": "qwen2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_ff": 128})

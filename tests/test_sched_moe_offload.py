@@ -151,10 +151,10 @@ def test_llama_moe_context_on_a_cuda_like_gpu(n_cpu_moe: int) -> None:
     adds two splits per layer (CUDA0 -> CPU -> CUDA0). The base is 2 splits (token_embd's GET_ROWS on the
     CPU, then CUDA0)."""
     from toolkit.context import Context
-    from toolkit.models import ContextParams, LlamaHParams
+    from toolkit.models import ContextParams, HParams
     from toolkit.models.moe import MoEParams
 
-    hp = LlamaHParams(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+    hp = HParams(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
                       moe=MoEParams(n_expert=4, n_expert_used=2), name="m")
     ctx = Context(hp, ContextParams(n_ctx=1024, n_ubatch=512, flash_attn="on", devices=("cuda",),
                                     n_cpu_moe=n_cpu_moe))

@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     # llama_context and its parameters
     "Context": "toolkit.context",
     "ContextParams": "toolkit.models.cparams",
-    "LlamaHParams": "toolkit.models.hparams",
+    "HParams": "toolkit.models.hparams",
     # the reuse layer of llama.cpp #32009: params, rule, events, protocol
     "SchedParams": "toolkit.reuse",
     "Reason": "toolkit.reuse",
@@ -55,7 +55,7 @@ _LAZY_MODULES = {"jaxrt": "toolkit.jaxrt", "trace": "toolkit.trace"}
 
 __all__ = [
     "AllocationError", "Assignment", "BufferSize", "CompileEvent", "Context", "ContextParams", "ContextView",
-    "GGUFError", "LlamaHParams", "ParameterError", "Plan", "Reason", "ReserveEvent", "SchedParams", "Scheduler",
+    "GGUFError", "HParams", "ParameterError", "Plan", "Reason", "ReserveEvent", "SchedParams", "Scheduler",
     "SchedulerHolder", "ToolkitError", "TracedContext", "UnsupportedFeature", "compile_splits", "dashboard", "decode",
     "generate", "jaxrt", "trace",
 ]
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
     from toolkit.errors import AllocationError, GGUFError, ParameterError, ToolkitError, UnsupportedFeature
     from toolkit.jaxrt.runtime import compile_splits, decode, generate
     from toolkit.models.cparams import ContextParams
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
     from toolkit.reuse import BufferSize, CompileEvent, ContextView, Reason, ReserveEvent, SchedParams, SchedulerHolder
     from toolkit.sched import Assignment, Plan, Scheduler
     from toolkit.trace.session import TracedContext

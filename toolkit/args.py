@@ -32,7 +32,7 @@ from typing import Any
 
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 from toolkit.validate import INT32_MAX
 
 # common/arg.cpp: is_truthy / is_falsey / is_autoy
@@ -408,20 +408,20 @@ def context_flags(cp: ContextParams) -> list[str]:
     return out
 
 
-def model_from_dict(d: Mapping[str, Any]) -> LlamaHParams:
+def model_from_dict(d: Mapping[str, Any]) -> HParams:
     """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet
-    (``LlamaHParams.from_dict`` refuses the architectures without a graph builder)."""
-    # refused only while LlamaHParams has no field for experts (toolkit.models.moe adds ``moe``)
-    if int(d.get("n_expert", 0) or 0) > 0 and "moe" not in LlamaHParams.__dataclass_fields__:
+    (``HParams.from_dict`` refuses the architectures without a graph builder)."""
+    # refused only while HParams has no field for experts (toolkit.models.moe adds ``moe``)
+    if int(d.get("n_expert", 0) or 0) > 0 and "moe" not in HParams.__dataclass_fields__:
         raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
                                  f"({d['n_expert']} experts) are not implemented")
-    if d.get("has_rope_freqs") and "rope_freqs" not in LlamaHParams.__dataclass_fields__:
+    if d.get("has_rope_freqs") and "rope_freqs" not in HParams.__dataclass_fields__:
         raise UnsupportedFeature("rope_freqs", f"model {d.get('name', '?')!r}: llama3 rope scaling with a "
                                  "rope_freqs.weight tensor is not implemented")
-    return LlamaHParams.from_dict(d)
+    return HParams.from_dict(d)
 
 
-def load_model_arg(spec: str | None) -> LlamaHParams:
+def load_model_arg(spec: str | None) -> HParams:
     """``-m``: a GGUF path (metadata only), a JSON model description, or a preset name."""
     if not spec:
         raise ParameterError("-m", spec, "a GGUF path, a .json model description or a preset name")

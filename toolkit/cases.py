@@ -25,7 +25,7 @@ from toolkit.context import Context
 from toolkit.errors import ToolkitError
 from toolkit.models import memory
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
@@ -74,7 +74,7 @@ def cparams_from_case(d: Mapping[str, Any]) -> ContextParams:
 
 def context_from_case(case: Mapping[str, Any], **kw: Any) -> Context:
     """The context an oracle case (``{id, model, cparams}``) describes."""
-    hp = LlamaHParams.from_dict(case["model"])
+    hp = HParams.from_dict(case["model"])
     cp = cparams_from_case(case["cparams"])
     return Context(hp, cp, **kw)
 

@@ -30,11 +30,11 @@ from toolkit.backend.host import check_host_bytes
 from toolkit.errors import AllocationError, ParameterError
 from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
-from toolkit.models import ContextParams, LlamaHParams, presets
+from toolkit.models import ContextParams, HParams, presets
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, N_CTX_PAD
 from toolkit.models.devices import describe_picker
-from toolkit.models.graph import LlamaGraph
-from toolkit.models.setup import LlamaSetup, apply_pins, setup
+from toolkit.models.graph import GraphResult
+from toolkit.models.setup import ContextSetup, apply_pins, setup
 from toolkit.reuse import (
     MODEL_GROUP,
     OUTPUT_GROUP,
@@ -70,7 +70,7 @@ class LlamaContextView(ContextView, Protocol):
         ...
 
     @property
-    def hparams(self) -> LlamaHParams:
+    def hparams(self) -> HParams:
         """The model's hyperparameters."""
         ...
 
@@ -81,7 +81,7 @@ class RunnableContext(LlamaContextView, Protocol):
     the model and memory it placed, the graph builder, and the holder its compilations are recorded in."""
 
     @property
-    def setup(self) -> LlamaSetup:
+    def setup(self) -> ContextSetup:
         """The model placement, KV cache and resolved params (``llama_context``'s model and memory)."""
         ...
 
@@ -96,13 +96,13 @@ class RunnableContext(LlamaContextView, Protocol):
         ...
 
     def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
-                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:
+                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> GraphResult:
         """Reset the scheduler and build the graph of a ubatch, pins applied (``llama_context::graph_get_cb``)."""
         ...
 
 
-def _hparams(model: Any) -> LlamaHParams:
-    if isinstance(model, LlamaHParams):
+def _hparams(model: Any) -> HParams:
+    if isinstance(model, HParams):
         return model
     if isinstance(model, str):
         if model.endswith(".gguf"):
@@ -111,8 +111,8 @@ def _hparams(model: Any) -> LlamaHParams:
             return hparams_from_gguf(model)
         return presets.get(model)
     if isinstance(model, dict):
-        return LlamaHParams.from_dict(model)
-    raise ParameterError("model", model, "LlamaHParams, a preset name, a .gguf path or a model dict")
+        return HParams.from_dict(model)
+    raise ParameterError("model", model, "HParams, a preset name, a .gguf path or a model dict")
 
 
 class Context:
@@ -141,11 +141,11 @@ class Context:
         self.backends_arg = list(devices) if devices is not None else None
         self.max_nodes_override = _check_max_nodes(max_nodes)
         self.parallel_override = None if parallel is None else validate.boolean("parallel", parallel)
-        self.setup: LlamaSetup = setup(self.hparams, self.cparams, self.backends_arg)
+        self.setup: ContextSetup = setup(self.hparams, self.cparams, self.backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
         self.holder = SchedulerHolder(lambda: self.backends, planner, host_memory=self.host_memory)
         self.fa_resolved = self.cparams.flash_attn != "auto"
-        self.last_graph: LlamaGraph | None = None  # the LlamaGraph of the last build_graph (inputs, logits, pins)
+        self.last_graph: GraphResult | None = None  # the GraphResult of the last build_graph (inputs, logits, pins)
         self.sched_reserve(trigger="context created")
 
     # ---- the reuse layer's state ---------------------------------------------------------------
@@ -246,9 +246,9 @@ class Context:
         return self.setup.graph_max_nodes(min(rp.n_ctx, rp.n_ubatch))
 
     def build_llama_graph(self, n_tokens: int, n_seqs: int = 1, n_outputs: int | None = None,
-                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> LlamaGraph:
+                          graph_size: int | None = None, streams: tuple[int, int] | None = None) -> GraphResult:
         """Reset the scheduler, build llama's graph and apply the graph callback's pins
-        (``llama_context::graph_get_cb``); the LlamaGraph keeps its inputs, logits and pins.
+        (``llama_context::graph_get_cb``); the GraphResult keeps its inputs, logits and pins.
         ``streams`` (first, last): the KV streams of the ubatch's sequences (default: all)."""
         self.scheduler.reset()
         lg = self.setup.build_graph(graph_size or self.max_nodes(), n_tokens, n_seqs,
@@ -263,8 +263,8 @@ class Context:
         return self.build_llama_graph(n_tokens, n_seqs, n_outputs, graph_size).graph
 
     def graph_reserve(self, n_tokens: int, n_seqs: int, n_outputs: int, *,
-                      split_only: bool = False, sizes: bool = False) -> LlamaGraph | None:
-        """``llama_context::graph_reserve``: the graph (a LlamaGraph), or None when allocation failed.
+                      split_only: bool = False, sizes: bool = False) -> GraphResult | None:
+        """``llama_context::graph_reserve``: the graph (a GraphResult), or None when allocation failed.
 
         ``sizes`` (no_alloc): ``ggml_backend_sched_reserve_size``, which resets the scheduler before
         splitting and so drops the backends the graph callback pinned while the graph was built."""
@@ -444,7 +444,7 @@ class Context:
                 f"sched={p}, events={len(self.events)})")
 
 
-def memory_groups(st: LlamaSetup) -> dict[str, dict[str, int]]:
+def memory_groups(st: ContextSetup) -> dict[str, dict[str, int]]:
     """A context's memory by group, as its reserve events record it (buffer name -> bytes per group):
     the weights (``model``), the memory ``llama_model::create_memory`` made, one group per cache
     (``KV``; ``llama_kv_cache_iswa``: ``KV`` for the non-SWA cache and ``KV-SWA``), and the output

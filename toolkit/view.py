@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolkit.errors import ParameterError
 
 if TYPE_CHECKING:
-    from toolkit.models import ContextParams, LlamaHParams
+    from toolkit.models import ContextParams, HParams
 
 # how the split map groups a plan's nodes: runs of one layer, of one split, or node by node
 Collapse = Literal["layer", "split", "none"]
@@ -66,7 +66,7 @@ class ModelSettings:
 
     name: str
     n_layer: int
-    hparams: LlamaHParams
+    hparams: HParams
     cparams: ContextParams
     gguf_path: str | None = None   # the GGUF file the model was read from (None: a preset or a dict)
 

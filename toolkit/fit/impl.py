@@ -13,7 +13,7 @@ from toolkit.fit.result import FitPrint, FitResult, Fitted
 from toolkit.memory import DeviceMemory, MiB, device_memory, strip_budget
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS
 from toolkit.models.devices import make_devices
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 # common_layer_fraction_t: which part of the first partial layer of a device overflows
 LAYER_FRACTION_NONE, LAYER_FRACTION_ATTN, LAYER_FRACTION_UP, LAYER_FRACTION_GATE, LAYER_FRACTION_MOE = range(5)
@@ -62,9 +62,9 @@ class LayerCount:
         return LayerCount(self.n_layer, self.n_part, self.overflow_type)
 
 
-def n_expert(hp: LlamaHParams) -> int:
-    """``llama_model_n_expert``: 0 for a dense model (``LlamaHParams.moe`` describes the experts)."""
-    moe = getattr(hp, "moe", None)   # the MoE hyperparameters, where LlamaHParams has them
+def n_expert(hp: HParams) -> int:
+    """``llama_model_n_expert``: 0 for a dense model (``HParams.moe`` describes the experts)."""
+    moe = getattr(hp, "moe", None)   # the MoE hyperparameters, where HParams has them
     return int(moe.n_expert) if moe is not None else 0
 
 
@@ -100,7 +100,7 @@ def set_ngl_tensor_split_tbo(per_dev: Sequence[LayerCount], overflow_bufts: Sequ
 
 @dataclass
 class _Fit:
-    hp: LlamaHParams
+    hp: HParams
     args: LlamaArgs
     memory: list[DeviceMemory]
     margins: list[int]
@@ -513,7 +513,7 @@ def _false_position_step(delta: int, target: int, mem_lo: int, mem_hi: int) -> i
     return min(max(step, 1), delta - 1)
 
 
-def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None, *,
+def fit_params(model: HParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None, *,
                exact: bool = False) -> FitResult:
     """``common_fit_params``: fit ``args`` to the devices' free memory (see the module docstring).
 
@@ -557,7 +557,7 @@ def fit_params(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemo
                      exact, tuple(used), host, host_used)
 
 
-def fit_print(model: LlamaHParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> FitPrint:
+def fit_print(model: HParams, args: LlamaArgs, memory: Sequence[DeviceMemory] | None = None) -> FitPrint:
     """``common_fit_print``: per device ``NAME model context compute`` in MiB, then ``Host …``;
     each row ends with a space, as llama-fit-params prints it."""
     mem = list(memory) if memory is not None else device_memory(args)

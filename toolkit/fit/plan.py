@@ -18,10 +18,10 @@ from toolkit.fit.impl import fit_params
 from toolkit.fit.probe import default_split
 from toolkit.fit.real import run_params
 from toolkit.memory import breakdown_table, context_breakdown, device_memory
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 
-def plan_args(args: LlamaArgs, model: LlamaHParams | None = None,
+def plan_args(args: LlamaArgs, model: HParams | None = None,
               contexts: list[Any] | None = None) -> dict[str, Any]:
     """What :func:`~toolkit.cases.plan_case` returns for a command line, plus ``fit_log_lines``
     (when fit ran), ``fitted`` and ``memory_breakdown`` (when every device's memory is known)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from toolkit.memory import Breakdown, DeviceMemory, breakdown_table, context_breakdown, strip_budget
 from toolkit.models.cparams import ContextParams
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def default_split(cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[fl
     return tuple(float(m.free) for m in memory)
 
 
-def real_context(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[Any, Any, str]:
+def real_context(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory]) -> tuple[Any, Any, str]:
     """A context as a real program gets it: ``(unlimited, limited, error)``.
 
     ``unlimited`` is planned without memory limits (what ``no_alloc`` sees). When its compute
@@ -96,7 +96,7 @@ def real_context(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMem
         return ctx, None, str(e)
 
 
-def probe(hp: LlamaHParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
+def probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
     """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights.
 
     ``exact`` reads the buffers a real context allocates instead: the full reserve sequence

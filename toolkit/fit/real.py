@@ -18,7 +18,7 @@ from toolkit.fit.probe import default_split, probe, real_context
 from toolkit.fit.result import FitResult, Fitted
 from toolkit.memory import DeviceMemory, MemoryRow, MiB, context_breakdown
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def run_params(args: LlamaArgs, fitted: Fitted, memory: Sequence[DeviceMemory], 
     return cp.replace(tensor_split=default_split(cp, memory))
 
 
-def real_run(model: LlamaHParams, args: LlamaArgs, result: FitResult, *, in_process: bool = False) -> RealRun:
+def real_run(model: HParams, args: LlamaArgs, result: FitResult, *, in_process: bool = False) -> RealRun:
     """Plan the printed parameters (or, ``in_process``, fit's own) with the full reserve sequence and
     compare per device with llama.cpp's estimate for them."""
     mem = list(result.memory)

@@ -22,7 +22,7 @@ from toolkit.ggml.types import GGMLType
 from toolkit.models import archs
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFFile, open_gguf
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)
 
@@ -38,7 +38,7 @@ class GGUFTensor:
 @dataclass
 class GGUFModel:
     path: str
-    hparams: LlamaHParams
+    hparams: HParams
     tensors: dict[str, GGUFTensor] = field(default_factory=dict)
     file: GGUFFile | None = None    # the parsed file: metadata through file.get(key), tensor infos
 
@@ -66,7 +66,7 @@ def read_gguf(path: str | Path | GGUFFile, *, with_tensors: bool = True) -> GGUF
     return GGUFModel(f.path, hp, tensors, f)
 
 
-def random_weights(hp: LlamaHParams, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
+def random_weights(hp: HParams, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
     """Random f32 values for every weight of hp (numpy order: ne reversed); norms near 1."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
@@ -101,7 +101,7 @@ def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.
     return np.asarray(deq, np.float32).reshape(tuple(reversed(ne)))
 
 
-def write_gguf(path: str | Path, hp: LlamaHParams, values: Mapping[str, np.ndarray] | None = None,
+def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] | None = None,
                seed: int = 0) -> dict[str, np.ndarray]:
     """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given), a
     minimal tokenizer, and return the f32 values the file holds *after* quantization (what ggml computes

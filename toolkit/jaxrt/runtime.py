@@ -39,7 +39,7 @@ from toolkit.jaxrt.execute import GraphRunner, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 from toolkit.models.memory import Memory, UBatch
 
-# (n_tokens, n_seqs, n_outputs, graph_size, streams) -> LlamaGraph: Context.build_llama_graph
+# (n_tokens, n_seqs, n_outputs, graph_size, streams) -> GraphResult: Context.build_llama_graph
 BuildFn = Callable[..., Any]
 LOG_SIZE = 256  # ubatches kept in ContextRuntime.log (a long generation must not grow memory)
 

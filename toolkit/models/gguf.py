@@ -22,7 +22,7 @@ from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
 from toolkit.models.gguf_file import INT_TYPES, GGUFArray, GGUFFile, open_gguf
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 
 def weight_types(f: GGUFFile) -> tuple[GGMLType, dict[str, GGMLType]]:
@@ -128,7 +128,7 @@ def common_hparams(f: GGUFFile) -> dict[str, Any]:
     return out
 
 
-def hparams_from_gguf(source: str | Path | GGUFFile) -> LlamaHParams:
+def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
     """A GGUF file's hyperparameters and weight types: the common keys, then the registered
     architecture's own (``Architecture.read_hparams``, its ``load_arch_hparams``), then every weight
     checked against the architecture's tensors.
@@ -146,7 +146,7 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> LlamaHParams:
     except UnsupportedFeature as e:
         raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
     try:
-        hp = LlamaHParams(**common_hparams(f), arch=name, **arch.read_hparams(f))
+        hp = HParams(**common_hparams(f), arch=name, **arch.read_hparams(f))
     except (GGUFError, UnsupportedFeature):
         raise
     except ValueError as e:

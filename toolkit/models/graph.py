@@ -7,7 +7,7 @@ with these blocks, as llama.cpp's ``src/models/*.cpp`` do:
   it), ``build_inp_pos``, ``build_inp_out_ids``, the KV inputs (``build_attn_inp_kv``, or
   ``build_attn_inp_kv_iswa`` with a second set of indices and a second mask for the SWA cache;
   ``build_inp_attn`` picks the one the memory needs). Each is an object of
-  :mod:`toolkit.models.inputs` kept in :attr:`LlamaGraph.inputs` that fills itself per ubatch;
+  :mod:`toolkit.models.inputs` kept in :attr:`GraphResult.inputs` that fills itself per ubatch;
 - ``build_norm`` (RMS norm named ``norm``, times the weight);
 - ``build_attn`` (llama.cpp's argument list; the input's type picks the layer's cache): the
   KV-cache writes (``cpy_k``/``cpy_v``, SET_ROWS into views of the cache), the KV views, flash
@@ -43,7 +43,7 @@ In = TypeVar("In", bound=GraphInput)
 
 
 @dataclass
-class LlamaGraph:
+class GraphResult:
     """A built graph and what llama.cpp's callback and probes need to know about it."""
 
     graph: Graph
@@ -61,11 +61,11 @@ class LlamaGraph:
     logits: Tensor | None = None
     embd: Tensor | None = None
 
-    def copy(self, graph_size: int) -> LlamaGraph:
+    def copy(self, graph_size: int) -> GraphResult:
         """The same graph over new tensors (the weights and the KV cache shared), with capacity
         ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
         g, cp = self.graph.copy(graph_size, _allocated)
-        return LlamaGraph(
+        return GraphResult(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
             [(cp(t), il) for t, il in self.fa_nodes], [inp.copy(cp) for inp in self.inputs],
@@ -86,7 +86,7 @@ class LlamaGraph:
         return out
 
 
-def _stream_range(res: LlamaGraph, kv: KVCache) -> tuple[int, int]:
+def _stream_range(res: GraphResult, kv: KVCache) -> tuple[int, int]:
     """(first stream, number of streams) the ubatch's KV views and mask cover."""
     if res.streams is None:
         return 0, kv.n_stream
@@ -116,7 +116,7 @@ class GraphBuilder:
         self.graph_size = graph_size
 
     # ---- the graph callback (llama_context::graph_get_cb); pins are applied by the context -------
-    def cb(self, res: LlamaGraph, t: Tensor, name: str, il: int) -> Tensor:
+    def cb(self, res: GraphResult, t: Tensor, name: str, il: int) -> Tensor:
         t.name = f"{name}-{il}" if il >= 0 else name
         res.named.append((t, name, il))
         if name == "norm" and il >= 0:
@@ -125,7 +125,7 @@ class GraphBuilder:
 
     # ---- the frame every architecture shares -------------------------------------------------
     def build(self, n_tokens: int, n_seqs: int, n_outputs: int,
-              streams: tuple[int, int] | None = None) -> LlamaGraph:
+              streams: tuple[int, int] | None = None) -> GraphResult:
         """The graph of one ubatch. ``streams`` (first, last) narrows the KV views and the mask to the
         streams of the ubatch's sequences, as a decode of some sequences of a multi-stream cache does;
         the default is every stream (a reserve)."""
@@ -133,7 +133,7 @@ class GraphBuilder:
             raise ValueError(f"a ubatch needs n_tokens >= 1 and n_seqs >= 1, got {n_tokens} and {n_seqs}")
         if streams is not None and not 0 <= streams[0] <= streams[1] < self.memory.n_stream:
             raise ValueError(f"streams {streams} are not within the cache's {self.memory.n_stream} stream(s)")
-        res = LlamaGraph(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
+        res = GraphResult(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
         cur = self.build_layers(res)
         m = self.model
         cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
@@ -148,11 +148,11 @@ class GraphBuilder:
         res.embd.set_output()
         return res
 
-    def build_layers(self, res: LlamaGraph) -> Tensor:
+    def build_layers(self, res: GraphResult) -> Tensor:
         raise NotImplementedError
 
     # ---- inputs ---------------------------------------------------------------------------------
-    def build_inp_embd(self, res: LlamaGraph) -> Tensor:
+    def build_inp_embd(self, res: GraphResult) -> Tensor:
         """The token path is selected; the vector-embedding input is still added to the graph."""
         gf, n_tokens = res.graph, res.n_tokens
         tokens = ops.new_tensor_1d(I32, n_tokens, "inp_tokens").set_input()
@@ -164,12 +164,12 @@ class GraphBuilder:
         res.inputs.append(InputEmbd(tokens, inp_embd))
         return cur
 
-    def build_inp_pos(self, res: LlamaGraph) -> Tensor:
+    def build_inp_pos(self, res: GraphResult) -> Tensor:
         t = ops.new_tensor_1d(I32, res.n_tokens).set_input()
         res.inputs.append(InputPos(t))
         return t
 
-    def _attn_inp(self, res: LlamaGraph, kv: KVCache) -> InputAttnKV:
+    def _attn_inp(self, res: GraphResult, kv: KVCache) -> InputAttnKV:
         """``build_attn_inp_kv_impl``: the cache's write indices, then the mask (``build_attn_inp_kq_mask``)."""
         n_tokens = res.n_tokens
         k_idxs = kv.build_input_k_idxs(n_tokens)
@@ -180,7 +180,7 @@ class GraphBuilder:
         kq_mask.set_input()
         return InputAttnKV(kv, k_idxs, v_idxs, kq_mask)
 
-    def build_attn_inp_kv(self, res: LlamaGraph) -> InputAttnKV:
+    def build_attn_inp_kv(self, res: GraphResult) -> InputAttnKV:
         """``build_attn_inp_kv``: the write indices and the mask of the (single) KV cache."""
         if self.memory.kind != "kv":
             raise ValueError(f"build_attn_inp_kv needs a memory of one KV cache, this one is {self.memory.kind!r}")
@@ -188,7 +188,7 @@ class GraphBuilder:
         res.inputs.append(inp)
         return inp
 
-    def build_attn_inp_kv_iswa(self, res: LlamaGraph) -> InputAttnKVISWA:
+    def build_attn_inp_kv_iswa(self, res: GraphResult) -> InputAttnKVISWA:
         """``build_attn_inp_kv_iswa``: the non-SWA cache's inputs, then the SWA cache's."""
         if self.memory.kind != "kv-iswa":
             raise ValueError(f"build_attn_inp_kv_iswa needs llama_kv_cache_iswa's memory, this one is "
@@ -198,20 +198,20 @@ class GraphBuilder:
         res.inputs.append(inp)
         return inp
 
-    def build_inp_attn(self, res: LlamaGraph) -> InputAttnKV | InputAttnKVISWA:
+    def build_inp_attn(self, res: GraphResult) -> InputAttnKV | InputAttnKVISWA:
         """The attention input the memory needs: ``build_attn_inp_kv_iswa`` for llama_kv_cache_iswa,
         else ``build_attn_inp_kv`` (an architecture with an optional window, as gemma3 builds it)."""
         if self.memory.kind == "kv-iswa":
             return self.build_attn_inp_kv_iswa(res)
         return self.build_attn_inp_kv(res)
 
-    def build_inp_out_ids(self, res: LlamaGraph) -> Tensor:
+    def build_inp_out_ids(self, res: GraphResult) -> Tensor:
         t = ops.new_tensor_1d(I32, res.n_outputs).set_input()
         res.inputs.append(InputOutIds(t))
         return t
 
     # ---- blocks ---------------------------------------------------------------------------------
-    def build_norm(self, res: LlamaGraph, x: Tensor, w: Tensor, il: int) -> Tensor:
+    def build_norm(self, res: GraphResult, x: Tensor, w: Tensor, il: int) -> Tensor:
         """``build_norm(LLM_NORM_RMS)``: ``norm`` (RMS_NORM) times the weight."""
         cur = self.cb(res, ops.rms_norm(x, self.hp.eps), "norm", il)
         return ops.mul(cur, w)
@@ -223,7 +223,7 @@ class GraphBuilder:
         factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
         return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, hp.n_ctx_train, hp.rope_base(il))
 
-    def build_attn(self, res: LlamaGraph, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
+    def build_attn(self, res: GraphResult, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
                    wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_b: Tensor | None,
                    sinks: Tensor | None, v_mla: Tensor | None, kq_scale: float, il: int, *,
                    wo_s: Tensor | None = None) -> Tensor:
@@ -258,7 +258,7 @@ class GraphBuilder:
             cur = ops.add(cur, wo_b)
         return cur
 
-    def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
+    def ffn(self, res: GraphResult, il: int, cur: Tensor) -> Tensor:
         """The layer's FFN slot: build_moe_ffn for a model with experts, else the dense gated FFN."""
         if self.hp.moe is not None:
             p = f"blk.{il}."
@@ -268,7 +268,7 @@ class GraphBuilder:
                                  m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), self.hp.moe, il)
         return self.build_ffn(res, il, cur, "silu")
 
-    def build_ffn(self, res: LlamaGraph, il: int, cur: Tensor, act: str) -> Tensor:
+    def build_ffn(self, res: GraphResult, il: int, cur: Tensor, act: str) -> Tensor:
         """``build_ffn(LLM_FFN_SILU | LLM_FFN_GELU, LLM_FFN_PAR)``: up, gate, swiglu/geglu(gate, up), down."""
         p = f"blk.{il}."
         m, cb = self.model, self.cb
@@ -306,7 +306,7 @@ class GraphBuilder:
         v_cur2 = ops.reshape_2d(v_cur2, 1, v_cur2.nelements)
         return ops.set_rows(v_rows, v_cur2, v_idxs)
 
-    def _get_k(self, res: LlamaGraph, kv: KVCache, il: int) -> Tensor:
+    def _get_k(self, res: GraphResult, kv: KVCache, il: int) -> Tensor:
         k = kv.k_of(il)
         hp = self.hp
         t = k.type
@@ -315,7 +315,7 @@ class GraphBuilder:
         stream = t.row_size(k.ne[0] * n_kv)
         return ops.view_4d(k, H, hp.n_head_kv(il), n_kv, ns, t.row_size(H), t.row_size(k.ne[0]), stream, stream * s0)
 
-    def _get_v(self, res: LlamaGraph, kv: KVCache, il: int) -> Tensor:
+    def _get_v(self, res: GraphResult, kv: KVCache, il: int) -> Tensor:
         v = kv.v_of(il)
         hp = self.hp
         t = v.type
@@ -328,7 +328,7 @@ class GraphBuilder:
         return ops.view_4d(v, n_kv, hp.n_head_kv(il), H, ns, t.row_size(n_kv * H), t.row_size(n_kv), stream,
                            stream * s0)
 
-    def _attn_mha(self, res: LlamaGraph, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
+    def _attn_mha(self, res: GraphResult, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
                   kq_scale: float) -> Tensor:
         cb = self.cb
         v_trans = v.nb[1] > v.nb[2]
@@ -358,7 +358,7 @@ class GraphBuilder:
         return cur
 
     # ---- pieces the architectures share ---------------------------------------------------------
-    def qkv(self, res: LlamaGraph, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, res: GraphResult, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K, V projections reshaped to heads (``Qcur``/``Kcur``/``Vcur``)."""
         hp, m, cb = self.hp, self.model, self.cb
         p = f"blk.{il}."

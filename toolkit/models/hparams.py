@@ -1,6 +1,6 @@
 """Model hyperparameters and the model's weight tensors (``llama_hparams`` + ``llm_tensor`` names).
 
-A :class:`LlamaHParams` describes a model of one of the registered architectures
+A :class:`HParams` describes a model of one of the registered architectures
 (:mod:`toolkit.models.archs`) well enough to build llama.cpp's graph and to size its weights, with
 ``llama_hparams``' names and per-layer accessors:
 
@@ -26,7 +26,7 @@ sequence of ``n_layer`` values (stored as ``n_head_arr`` & co.: an int when ever
 (16, 32, 21)
 >>> [w.name for w in archs.get(hp.arch).weights(hp)][:3]
 ['token_embd.weight', 'blk.0.attn_norm.weight', 'blk.0.attn_q.weight']
->>> LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=128).n_embd_k_gqa(1)
+>>> HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=(2, 4), n_ff=128).n_embd_k_gqa(1)
 64
 """
 
@@ -139,7 +139,7 @@ class WeightInfo:
 
 
 @dataclass(frozen=True, init=False)
-class LlamaHParams:
+class HParams:
     """The hyperparameters llama.cpp reads from a GGUF (``llama_hparams``, ``print_info``)."""
 
     n_layer: int
@@ -300,7 +300,7 @@ class LlamaHParams:
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LlamaHParams:
+    def from_dict(cls, d: Mapping[str, Any]) -> HParams:
         """From the oracle's ``model`` dict (cases.json schema); ``n_head``, ``n_head_kv`` and ``n_ff``
         may be lists (one value per layer)."""
         try:

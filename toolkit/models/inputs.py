@@ -2,7 +2,7 @@
 
 The builder creates one object per input (``build_inp_embd``, ``build_inp_pos``,
 ``build_inp_out_ids``, ``build_attn_inp_kv``, ``build_attn_inp_kv_iswa``) and keeps them in the
-graph's :attr:`~toolkit.models.graph.LlamaGraph.inputs`, in creation order. A runtime computes
+graph's :attr:`~toolkit.models.graph.GraphResult.inputs`, in creation order. A runtime computes
 every input's values by looping over them: ``set_input(ubatch)`` returns ``{tensor: values}``,
 as ``llm_graph_input_i::set_input`` writes into the tensors' host buffers. The attention inputs
 read the cache's cells and the slot :meth:`toolkit.models.memory.Memory.apply_ubatch` found.

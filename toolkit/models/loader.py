@@ -26,7 +26,7 @@ from toolkit.ggml.types import GGMLType
 from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
-from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
+from toolkit.models.hparams import GGUF_DEFAULT_ALIGNMENT, ROPE_FREQS_LAYER, HParams, WeightInfo
 
 CPU_DEVICE = "CPU"
 
@@ -35,7 +35,7 @@ def _pad(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def layer_devices(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
+def layer_devices(hp: HParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
     """Device index (into ``devs.gpus``) of layers 0..n_layer (n_layer = output); -1 = CPU."""
     n_dev = len(devs.gpus)
     ngl = cp.n_gpu_layers
@@ -80,7 +80,7 @@ def repack_supported(w: WeightInfo) -> bool:
 class LoadedModel:
     """The model's weights as ggml tensors placed in buffers, and where each layer lives."""
 
-    hparams: LlamaHParams
+    hparams: HParams
     devices: DeviceSet
     layer_dev: list[int]                              # per layer 0..n_layer: gpu index or -1
     tensors: dict[str, Tensor] = field(default_factory=dict)
@@ -113,7 +113,7 @@ class LoadedModel:
                    | {id(t) for t in self.rope_freqs})
 
 
-def load_model(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo]) -> LoadedModel:
+def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo]) -> LoadedModel:
     """Place every weight (llama_model::load_tensors) and size the model buffers; ``infos`` are the file's
     tensors in file order (the architecture's :meth:`~toolkit.models.archs.Architecture.weights`).
 
@@ -230,7 +230,7 @@ def _override_buft(w: WeightInfo, buft_name: str, devs: DeviceSet, use_mmap: boo
     return cpu_name, devs.cpu_buft.name
 
 
-def check_kv_types(hp: LlamaHParams, rp: ResolvedParams, flash_attn: bool) -> None:
+def check_kv_types(hp: HParams, rp: ResolvedParams, flash_attn: bool) -> None:
     """The checks llama_init_from_model makes before creating a context."""
     for which, t, head in (("K", rp.type_k, hp.n_embd_head_k), ("V", rp.type_v, hp.n_embd_head_v)):
         if t.is_quantized and head % t.blck_size:

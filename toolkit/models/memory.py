@@ -28,7 +28,7 @@ from toolkit.ggml import ops
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
 from toolkit.models.cparams import ResolvedParams
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 from toolkit.models.loader import LoadedModel
 
 I64 = GGMLType.I64
@@ -441,7 +441,7 @@ def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
                    tuple(layers), kind, group, rp.n_seq_max, n_swa, rp.type_k, rp.type_v)
 
 
-def swa_cache_size(hp: LlamaHParams, rp: ResolvedParams, *, swa_full: bool, unified: bool) -> int:
+def swa_cache_size(hp: HParams, rp: ResolvedParams, *, swa_full: bool, unified: bool) -> int:
     """``llama_kv_cache_iswa``: ``GGML_PAD(min(size_base, n_swa*(unified ? n_seq_max : 1) + n_ubatch), 256)``
     cells per stream, or the full ``size_base`` with ``--swa-full``."""
     size_base = rp.kv_size

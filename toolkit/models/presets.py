@@ -13,7 +13,7 @@ import numpy as np
 
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import LlamaHParams, SWAParams
+from toolkit.models.hparams import HParams, SWAParams
 from toolkit.models.moe import MoEParams
 
 
@@ -39,80 +39,80 @@ def llama3_rope_freqs(head_dim: int, base: float = 500000.0, factor: float = 8.0
     return tuple(out)
 
 
-def tiny(dtype: str | GGMLType = "f32", *, tied: bool = False) -> LlamaHParams:
+def tiny(dtype: str | GGMLType = "f32", *, tied: bool = False) -> HParams:
     """The oracle's ``tiny_f32``: 2 layers, n_embd 64, 4 heads (2 KV), n_ff 128."""
-    return LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, dtype=GGMLType.parse(dtype),
+    return HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, dtype=GGMLType.parse(dtype),
                         tied=tied, name=f"tiny_{GGMLType.parse(dtype).lower}" + ("_tied" if tied else ""))
 
 
-def small(dtype: str | GGMLType = "f32") -> LlamaHParams:
+def small(dtype: str | GGMLType = "f32") -> HParams:
     """The oracle's ``small_f32``: 4 layers, n_embd 256, 8 heads, n_ff 688."""
     t = GGMLType.parse(dtype)
-    # 688 is not a multiple of 32: a block-quantized ffn_down is stored F16 (LlamaHParams.tensor_type)
-    return LlamaHParams(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=688, dtype=t, name=f"small_{t.lower}")
+    # 688 is not a multiple of 32: a block-quantized ffn_down is stored F16 (HParams.tensor_type)
+    return HParams(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=688, dtype=t, name=f"small_{t.lower}")
 
 
-def med(dtype: str | GGMLType = "f32") -> LlamaHParams:
+def med(dtype: str | GGMLType = "f32") -> HParams:
     """The oracle's ``med_f32``: 8 layers, n_embd 512, 8 heads (4 KV), n_ff 1376."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1376, dtype=t, name=f"med_{t.lower}")
+    return HParams(n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1376, dtype=t, name=f"med_{t.lower}")
 
 
-def llama3_8b(dtype: str | GGMLType = "f16") -> LlamaHParams:
+def llama3_8b(dtype: str | GGMLType = "f16") -> HParams:
     """Llama-3-8B-shaped: 32 layers, n_embd 4096, 32 heads (8 KV), n_ff 14336, vocab 128256."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
+    return HParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
                         n_ctx_train=8192, rope_freq_base=500000.0, dtype=t, name=f"llama3-8b_{t.lower}")
 
 
-def llama3_70b(dtype: str | GGMLType = "q4_0") -> LlamaHParams:
+def llama3_70b(dtype: str | GGMLType = "q4_0") -> HParams:
     """Llama-3-70B-shaped: 80 layers, n_embd 8192, 64 heads (8 KV), n_ff 28672, vocab 128256."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672, n_vocab=128256,
+    return HParams(n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672, n_vocab=128256,
                         n_ctx_train=8192, rope_freq_base=500000.0, dtype=t, name=f"llama3-70b_{t.lower}")
 
 
-def llama3_1_8b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def llama3_1_8b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Llama-3.1-8B: 32 layers, n_embd 4096, 32 heads (8 KV), n_ff 14336, vocab 128256, 128K context,
     llama3 rope scaling (``rope_freqs.weight``)."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
+    return HParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256,
                         n_ctx_train=131072, rope_freq_base=500000.0, dtype=t, rope_freqs=llama3_rope_freqs(128),
                         name=f"llama3.1-8b_{t.lower}")
 
 
-def llama3_2_1b(dtype: str | GGMLType = "q8_0") -> LlamaHParams:
+def llama3_2_1b(dtype: str | GGMLType = "q8_0") -> HParams:
     """Llama-3.2-1B: 16 layers, n_embd 2048, 32 heads (8 KV), n_ff 8192, tied output, llama3 rope scaling
     (factor 32)."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, n_vocab=128256,
+    return HParams(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, n_vocab=128256,
                         n_ctx_train=131072, rope_freq_base=500000.0, dtype=t, tied=True,
                         rope_freqs=llama3_rope_freqs(64, factor=32.0), name=f"llama3.2-1b_{t.lower}")
 
 
-def qwen3_8b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def qwen3_8b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Qwen3-8B: 36 layers, n_embd 4096, 32 heads (8 KV) of 128, n_ff 12288, vocab 151936, QK-norm."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_vocab=151936,
+    return HParams(n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_vocab=151936,
                         n_ctx_train=40960, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
                         eps=1e-6, dtype=t, arch="qwen3", name=f"qwen3-8b_{t.lower}")
 
 
-def gemma3_12b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def gemma3_12b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Gemma-3-12B: 48 layers, n_embd 3840, 16 heads (8 KV) of 256, n_ff 15360, vocab 262144, tied output,
     sliding window 1024 on 5 of every 6 layers (iSWA), rope base 1e6 (SWA layers 1e4)."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, n_ff=15360, n_vocab=262144,
+    return HParams(n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, n_ff=15360, n_vocab=262144,
                         n_ctx_train=131072, n_embd_head_k_=256, n_embd_head_v_=256, rope_freq_base=1000000.0,
                         eps=1e-6, dtype=t, tied=True, arch="gemma3", swa=SWAParams(1024, 6, 10000.0),
                         name=f"gemma3-12b_{t.lower}")
 
 
-def gemma3_27b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def gemma3_27b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Gemma-3-27B: 62 layers, n_embd 5376, 32 heads (16 KV) of 128, n_ff 21504, vocab 262144, tied output,
     sliding window 1024 on 5 of every 6 layers (iSWA); Q is scaled by 1/sqrt(n_embd/n_head)."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=62, n_embd=5376, n_head=32, n_head_kv=16, n_ff=21504, n_vocab=262144,
+    return HParams(n_layer=62, n_embd=5376, n_head=32, n_head_kv=16, n_ff=21504, n_vocab=262144,
                         n_ctx_train=131072, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
                         eps=1e-6, dtype=t, tied=True, arch="gemma3", swa=SWAParams(1024, 6, 10000.0),
                         name=f"gemma3-27b_{t.lower}")
@@ -131,7 +131,7 @@ PRESET_LABELS: dict[str, str] = {
 }
 
 
-def get(name: str) -> LlamaHParams:
+def get(name: str) -> HParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
     ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``);
     ``name:type`` gives it another weight type (``qwen3_30b_a3b:q8_0``).
@@ -151,7 +151,7 @@ def get(name: str) -> LlamaHParams:
     return fn(dtype)
 
 
-def spec(name: str, hparams: LlamaHParams) -> str:
+def spec(name: str, hparams: HParams) -> str:
     """How :func:`get` (and ``-m``) spells preset ``name`` with ``hparams``' weight type: the name, with
     ``:type`` when that is not the preset's own type."""
     base = name.partition(":")[0]
@@ -159,11 +159,11 @@ def spec(name: str, hparams: LlamaHParams) -> str:
     return base if hparams.dtype is own else f"{base}:{hparams.dtype.lower}"
 
 
-def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Mixtral-8x7B-shaped (``llama`` with experts): 32 layers, n_embd 4096, 32 heads (8 KV), 8 experts of
     n_ff 14336, 2 used per token, vocab 32000, rope base 1e6 (the router stays F32)."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000,
+    return HParams(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000,
                         n_ctx_train=32768, rope_freq_base=1000000.0, dtype=t, name=f"mixtral-8x7b_{t.lower}",
                         moe=MoEParams(n_expert=8, n_expert_used=2))
 
@@ -171,11 +171,11 @@ def mixtral_8x7b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
 PRESETS["mixtral_8x7b"] = mixtral_8x7b
 
 
-def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> LlamaHParams:
+def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> HParams:
     """Qwen3-30B-A3B-shaped (``qwen3moe``): 48 layers, n_embd 2048, 32 heads (4 KV) of 128, QK-norm,
     128 experts of n_ff 768 with 8 used per token, vocab 151936, rope base 1e6."""
     t = GGMLType.parse(dtype)
-    return LlamaHParams(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, n_vocab=151936,
+    return HParams(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=6144, n_vocab=151936,
                         n_ctx_train=40960, n_embd_head_k_=128, n_embd_head_v_=128, rope_freq_base=1000000.0,
                         eps=1e-6, dtype=t, arch="qwen3moe", name=f"qwen3-30b-a3b_{t.lower}",
                         moe=MoEParams(n_expert=128, n_expert_used=8, n_ff_exp=768))

@@ -1,6 +1,6 @@
 """What ``llama_init_from_model`` sets up before the first ``sched_reserve`` (the ``llama_context`` constructor).
 
-:func:`setup` turns a model description and context parameters into a :class:`LlamaSetup`:
+:func:`setup` turns a model description and context parameters into a :class:`ContextSetup`:
 devices and backends, the placed weights, the memory (KV caches), the output buffer, the
 pipeline-parallel decision and the architecture's graph builder. The graph callback's scheduler
 pins (:func:`apply_pins`) live here too.
@@ -18,8 +18,8 @@ from toolkit.ggml.bulk import paused_gc
 from toolkit.models import archs, overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
-from toolkit.models.graph import GraphBuilder, LlamaGraph
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.graph import GraphBuilder, GraphResult
+from toolkit.models.hparams import HParams
 from toolkit.models.loader import LoadedModel, check_kv_types, load_model, output_buffer
 from toolkit.models.memory import Memory, create_memory
 
@@ -51,10 +51,10 @@ def devices_from_backends(backends: list[Backend]) -> DeviceSet:
 
 
 @dataclass
-class LlamaSetup:
+class ContextSetup:
     """A loaded model in a context: placement, memory, output buffer, builder, pipeline decision."""
 
-    hparams: LlamaHParams
+    hparams: HParams
     cparams: ContextParams
     resolved: ResolvedParams
     devices: DeviceSet
@@ -67,7 +67,7 @@ class LlamaSetup:
     warnings: list[str] = field(default_factory=list)  # logged while loading and creating the memory
     warned: bool = False               # the warnings went into a ReserveEvent already
     # the first build of each graph shape; build_graph hands out copies of it, never the graph itself
-    graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None], LlamaGraph] = field(
+    graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None], GraphResult] = field(
         default_factory=dict, repr=False, compare=False)
 
     @property
@@ -85,7 +85,7 @@ class LlamaSetup:
         return archs.get(self.hparams.arch).graph_max_nodes(self.model.n_tensors, n_tokens)
 
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
-                     streams: tuple[int, int] | None = None) -> LlamaGraph:
+                     streams: tuple[int, int] | None = None) -> GraphResult:
         """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
         build, which names the node or leaf that did not fit."""
         key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams)
@@ -96,7 +96,7 @@ class LlamaSetup:
         return lg
 
     def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
-                    streams: tuple[int, int] | None = None) -> LlamaGraph:
+                    streams: tuple[int, int] | None = None) -> GraphResult:
         """``builder(graph_size).build(...)``. A build depends only on this setup and the shape, so the
         first build of a shape is kept and later calls get a copy of it (new tensors, the same graph)."""
         with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
@@ -111,7 +111,7 @@ class LlamaSetup:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
 
 
-def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
+def pipeline_parallel(hp: HParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
     """The ``llama_context`` constructor's pipeline-parallelism condition: more than one model device,
     every layer and the output offloaded, split mode layer, KV offloaded, and every non-CPU backend
     with async compute and events (the last check is the one ``force_pipeline_parallel`` skips, like
@@ -130,8 +130,8 @@ def pipeline_parallel(hp: LlamaHParams, cp: ContextParams, devs: DeviceSet) -> t
     return ok, check
 
 
-def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = None,
-          devs: DeviceSet | None = None) -> LlamaSetup:
+def setup(hp: HParams, cp: ContextParams, backends: list[Backend] | None = None,
+          devs: DeviceSet | None = None) -> ContextSetup:
     """Load the model onto devices and create the memory, raising ToolkitError where llama.cpp refuses.
 
     ``devs`` keeps the backends of an earlier setup (a scheduler can only be reused over the same backends).
@@ -154,10 +154,10 @@ def setup(hp: LlamaHParams, cp: ContextParams, backends: list[Backend] | None = 
     pp, check = pipeline_parallel(hp, cp, devs)
     # llama_model_loader warns before the memory is created
     warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
-    return LlamaSetup(hp, cp, rp, devs, model, memory, output_buffer(model, rp), fa, pp, check, warnings)
+    return ContextSetup(hp, cp, rp, devs, model, memory, output_buffer(model, rp), fa, pp, check, warnings)
 
 
-def apply_pins(sched: Scheduler, lg: LlamaGraph, st: LlamaSetup) -> int:
+def apply_pins(sched: Scheduler, lg: GraphResult, st: ContextSetup) -> int:
     """The graph callback's ``ggml_backend_sched_set_tensor_backend`` calls
     (``llama_context::graph_get_cb``); returns how many.
 

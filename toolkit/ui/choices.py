@@ -16,7 +16,7 @@ from typing import Any
 
 from toolkit.context import Context
 from toolkit.errors import ParameterError
-from toolkit.models import presets
+from toolkit.models import HParams, presets
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import DeviceSpec, describe_picker, parse_picker
 
@@ -31,12 +31,13 @@ parse_devices = parse_picker
 describe_devices = describe_picker
 
 
-def preset_of(hparams: Any) -> str | None:
+def preset_of(hparams: HParams) -> str | None:
     """The preset name whose shape ``hparams`` has (n_layer, n_embd, n_ff, n_vocab), if any."""
-    key = ("n_layer", "n_embd", "n_ff_arr", "n_vocab")
+    def shape(h: HParams) -> tuple[object, ...]:
+        return h.n_layer, h.n_embd, h.n_ff_arr, h.n_vocab
+
     for name in MODEL_PRESETS.values():
-        p = presets.get(name)
-        if all(getattr(p, k, None) == getattr(hparams, k, None) for k in key):
+        if shape(presets.get(name)) == shape(hparams):
             return name
     return None
 
@@ -48,7 +49,7 @@ def preset_label(model: str) -> str | None:
 
 
 def resolve_model(model: str) -> Any:
-    """A preset name (or its label) -> LlamaHParams; anything ending in .gguf is passed on as a path."""
+    """A preset name (or its label) -> HParams; anything ending in .gguf is passed on as a path."""
     if model.lower().endswith(".gguf"):
         if not os.path.exists(model):
             raise ParameterError("model", model, "a preset name or an existing .gguf file", "no such file")

@@ -47,7 +47,7 @@ from toolkit.memory import MemoryRow, MiB, device_memory
 from toolkit.models import presets
 from toolkit.models.cparams import ContextParams
 from toolkit.models.devices import MAX_DEVICES, parse_bytes
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 from toolkit.ui import figures, text
 from toolkit.ui.choices import preset_of
 
@@ -57,7 +57,7 @@ _OWN_FLAGS = {"-dev": "budgets", "--rpc": "budgets", "--device-memory": "budgets
               "-fitc": "fit_ctx", "-m": "the panel's model", "-fit": "the fit button", "-fitp": "the fit button"}
 _PLAIN_NUMBER = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 
-ModelSource = Callable[[], tuple[LlamaHParams, str | None]]
+ModelSource = Callable[[], tuple[HParams, str | None]]
 
 
 def budget_devices(budgets: str, kind: str = "sim", *, as_typed: bool = False) -> str:
@@ -154,18 +154,18 @@ def real_run_html(real: RealRun) -> str:
 class FitPanel:
     """Controls, printed line, probe figure and estimate-vs-real table for one model.
 
-    ``model``: a LlamaHParams, a ``-m`` value (preset name, .gguf, .json) or a callable giving
+    ``model``: a HParams, a ``-m`` value (preset name, .gguf, .json) or a callable giving
     ``(hparams, name)`` at each fit (the dashboard passes its current model). The other keywords
     are the controls' initial values (see :func:`fit_args`).
     """
 
-    def __init__(self, model: LlamaHParams | str | ModelSource, *, budgets: str = "24G", kind: str = "sim",
+    def __init__(self, model: HParams | str | ModelSource, *, budgets: str = "24G", kind: str = "sim",
                  fit_target: str | int = DEFAULT_FIT_TARGET_MIB, fit_ctx: int = DEFAULT_FIT_CTX,
                  flags: str = "-fa on", name: str | None = None, fig_width: int = 900) -> None:
         if isinstance(model, str):
             hp = load_model_arg(model)
             self._source: ModelSource = lambda: (hp, model)
-        elif isinstance(model, LlamaHParams):
+        elif isinstance(model, HParams):
             named = name or preset_of(model)
             self._source = lambda: (model, named)
         else:

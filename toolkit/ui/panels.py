@@ -29,7 +29,7 @@ from toolkit.view import COLLAPSES, ContextSettings
 
 if TYPE_CHECKING:
     from toolkit.context import RunnableContext
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
     from toolkit.ui.fitpanel import FitPanel
 
 STYLE = {"description_width": "initial"}
@@ -235,7 +235,7 @@ class FitArea:
         self.toggle.value = True
         return self.panel
 
-    def _model(self) -> tuple[LlamaHParams, str | None]:
+    def _model(self) -> tuple[HParams, str | None]:
         model = self.current().model
         if model is None:
             raise ParameterError("fit", self.current().title, "a context with a llama model")

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
@@ -26,6 +26,7 @@ from toolkit.errors import ToolkitError
 from toolkit.reuse import ReserveEvent
 from toolkit.ui import figures, text
 from toolkit.ui.layers import Collapse
+from toolkit.view import ContextSettings
 
 
 @dataclass(frozen=True)
@@ -37,26 +38,36 @@ class Section:
     params: tuple[tuple[str, str], ...]
 
 
-def _params_of(ctx: Any) -> tuple[tuple[str, str], ...]:
+class Reported(Protocol):
+    """What a report reads of a context (:class:`~toolkit.context.Context` and
+    :class:`~toolkit.trace.session.TracedContext` both are one)."""
+
+    @property
+    def events(self) -> Sequence[ReserveEvent]:
+        """The reserves so far, oldest first."""
+        ...
+
+    def settings(self) -> ContextSettings:
+        """What the context offers (its title, its model and context parameters)."""
+        ...
+
+
+def _params_of(ctx: Reported) -> tuple[tuple[str, str], ...]:
+    model = ctx.settings().model
     out: list[tuple[str, str]] = []
-    hp = getattr(ctx, "hparams", None)
-    if hp is not None:
-        out.append(("model", str(getattr(hp, "name", type(hp).__name__))))
-    cp = getattr(ctx, "cparams", None)
-    if cp is not None and dataclasses.is_dataclass(cp):
-        out += [(f.name, str(getattr(cp, f.name))) for f in dataclasses.fields(cp)]
-    evs = getattr(ctx, "events", ())
-    if evs:
-        p = evs[-1].params
+    if model is not None:
+        out.append(("model", model.name))
+        out += [(f.name, str(getattr(model.cparams, f.name))) for f in dataclasses.fields(model.cparams)]
+    if ctx.events:
+        p = ctx.events[-1].params
         out += [("sched max_nodes", str(p.max_nodes)), ("sched parallel", str(p.parallel)),
                 ("sched op_offload", str(p.op_offload))]
     return tuple(out)
 
 
-def section_of(ctx: Any, title: str | None = None) -> Section:
+def section_of(ctx: Reported, title: str | None = None) -> Section:
     """A report section for a Context or a TracedContext (its events and parameters)."""
-    name = title or str(getattr(getattr(ctx, "hparams", None), "name", None) or getattr(ctx, "name", "context"))
-    return Section(name, tuple(ctx.events), _params_of(ctx))
+    return Section(title or ctx.settings().title, tuple(ctx.events), _params_of(ctx))
 
 
 def _figure_div(fig: go.Figure, div_id: str) -> str:

@@ -28,7 +28,7 @@ from toolkit.models.archs.base import (
     Architecture,
     TensorSpec,
 )
-from toolkit.models.hparams import LlamaHParams
+from toolkit.models.hparams import HParams
 
 # the modules of this package that define the built-in architectures (each exports ARCHITECTURES)
 BUILTIN_MODULES = (llama, qwen3, gemma3)
@@ -62,7 +62,7 @@ def get(name: str) -> Architecture:
     return arch
 
 
-def checked(hp: LlamaHParams) -> Architecture:
+def checked(hp: HParams) -> Architecture:
     """The record of ``hp.arch`` after its :meth:`~Architecture.check` of ``hp`` (what ``load_arch_tensors``
     refuses); UnsupportedFeature for an architecture that is not registered."""
     arch = get(hp.arch)

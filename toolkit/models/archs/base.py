@@ -32,7 +32,7 @@ from toolkit.errors import ToolkitError
 from toolkit.ggml.types import F32
 from toolkit.models import moe as moe_ffn
 from toolkit.models.graph import GraphBuilder
-from toolkit.models.hparams import ROPE_FREQS_LAYER, LlamaHParams, WeightInfo
+from toolkit.models.hparams import ROPE_FREQS_LAYER, HParams, WeightInfo
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import Memory
 
@@ -74,7 +74,7 @@ class Architecture(abc.ABC):
     memory: str = MEMORY_KV
 
     @abc.abstractmethod
-    def layer_tensors(self, hp: LlamaHParams, il: int) -> list[TensorSpec]:
+    def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
         """Layer il's weights in GGUF write order (``load_arch_tensors``' loop body)."""
 
     def read_hparams(self, f: GGUFFile) -> dict[str, Any]:
@@ -82,7 +82,7 @@ class Architecture(abc.ABC):
         del f
         return {}
 
-    def gguf_keys(self, hp: LlamaHParams) -> dict[str, Any]:
+    def gguf_keys(self, hp: HParams) -> dict[str, Any]:
         """The keys a GGUF writer adds for this architecture (``<name>.`` prefix left off): int, float,
         bool or a list of them."""
         del hp
@@ -95,12 +95,12 @@ class Architecture(abc.ABC):
         del n_tokens  # only the hybrids' rule, max(40 * n_tokens, 32 * n_tensors), reads it
         return max(1024, 8 * n_tensors)
 
-    def check(self, hp: LlamaHParams) -> None:
+    def check(self, hp: HParams) -> None:
         """Raise a typed error for hyperparameters this architecture cannot have (default: none)."""
         del hp
 
     # ---- what the record gives every architecture -------------------------------------------------
-    def weights(self, hp: LlamaHParams) -> list[WeightInfo]:
+    def weights(self, hp: HParams) -> list[WeightInfo]:
         """The GGUF's tensors in file order (``llama_model::load_tensors``): ``rope_freqs`` when the
         file has it, token_embd, each block's :meth:`layer_tensors`, output_norm, output (unless tied).
         ToolkitError for a weight whose row is not a whole number of its type's blocks.
@@ -137,7 +137,7 @@ class Architecture(abc.ABC):
 
 # ---- per-layer pieces the architectures share (create_tensor_qkv & co.) -------------------------------
 
-def attn_tensors(hp: LlamaHParams, il: int) -> list[TensorSpec]:
+def attn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """``attn_norm``, ``attn_q/k/v`` (``create_tensor_qkv``) and ``attn_output``."""
     E, Hk = hp.n_embd, hp.n_embd_head_k
     return [TensorSpec("attn_norm", (E,)), TensorSpec("attn_q", (E, Hk * hp.n_head(il))),
@@ -145,19 +145,19 @@ def attn_tensors(hp: LlamaHParams, il: int) -> list[TensorSpec]:
             TensorSpec("attn_output", (Hk * hp.n_head(il), E))]
 
 
-def qk_norm_tensors(hp: LlamaHParams) -> list[TensorSpec]:
+def qk_norm_tensors(hp: HParams) -> list[TensorSpec]:
     """``attn_q_norm`` and ``attn_k_norm``: one RMS-norm weight per head dimension."""
     return [TensorSpec("attn_q_norm", (hp.n_embd_head_k,)), TensorSpec("attn_k_norm", (hp.n_embd_head_k,))]
 
 
-def ffn_tensors(hp: LlamaHParams, il: int, order: tuple[str, ...]) -> list[TensorSpec]:
+def ffn_tensors(hp: HParams, il: int, order: tuple[str, ...]) -> list[TensorSpec]:
     """The dense gated FFN's ``ffn_gate``/``ffn_up``/``ffn_down`` in the writer's ``order``."""
     E, F = hp.n_embd, hp.n_ff(il)
     ne = {"ffn_gate": (E, F), "ffn_up": (E, F), "ffn_down": (F, E)}
     return [TensorSpec(s, ne[s]) for s in order]
 
 
-def moe_tensors(hp: LlamaHParams, il: int) -> list[TensorSpec]:
+def moe_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """The router and the 3-D expert tensors of ``build_moe_ffn`` (:func:`toolkit.models.moe.layer_tensors`)."""
     assert hp.moe is not None
     return [TensorSpec(s, ne, op, keep_f32=router)

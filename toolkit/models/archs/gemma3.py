@@ -37,12 +37,12 @@ from toolkit.models.archs.base import (
     ffn_tensors,
     qk_norm_tensors,
 )
-from toolkit.models.graph import GraphBuilder, LlamaGraph
+from toolkit.models.graph import GraphBuilder, GraphResult
 from toolkit.models.hparams import SWAParams
 
 if TYPE_CHECKING:
     from toolkit.models.gguf_file import GGUFFile
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
 
 # load_arch_hparams' defaults: swa_period = 6, rope_freq_base_train_swa as the file leaves it (10000)
 SWA_PATTERN_DEFAULT = 6
@@ -51,7 +51,7 @@ ROPE_FREQ_BASE_SWA_DEFAULT = 10000.0
 N_LAYER_27B = 62
 
 
-def f_attention_scale(hp: LlamaHParams) -> float:
+def f_attention_scale(hp: HParams) -> float:
     """``hparams.f_attention_scale``: ``1/sqrt(n_embd / n_head)`` for LLM_TYPE_27B, which
     ``llama_model_gemma3::load_arch_hparams`` sets from ``n_layer == 62``, else ``1/sqrt(n_embd_head_k)``."""
     d = hp.n_embd // hp.n_head(0) if hp.n_layer == N_LAYER_27B else hp.n_embd_head_k
@@ -61,10 +61,10 @@ def f_attention_scale(hp: LlamaHParams) -> float:
 class Gemma3GraphBuilder(GraphBuilder):
     """``llm_build_gemma3<iswa=true>``."""
 
-    def ffn(self, res: LlamaGraph, il: int, cur: Tensor) -> Tensor:
+    def ffn(self, res: GraphResult, il: int, cur: Tensor) -> Tensor:
         return self.build_ffn(res, il, cur, "gelu")
 
-    def build_layers(self, res: LlamaGraph) -> Tensor:
+    def build_layers(self, res: GraphResult) -> Tensor:
         hp, m, cb = self.hp, self.model, self.cb
         inpL = self.build_inp_embd(res)
         inpL = cb(res, ops.scale(inpL, math.sqrt(float(hp.n_embd))), "inp_scaled", -1)
@@ -109,7 +109,7 @@ class Gemma3GraphBuilder(GraphBuilder):
 class Gemma3(Architecture):
     """``LLM_ARCH_GEMMA3``."""
 
-    def layer_tensors(self, hp: LlamaHParams, il: int) -> list[TensorSpec]:
+    def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
         E = hp.n_embd
         return [*attn_tensors(hp, il), *qk_norm_tensors(hp), TensorSpec("post_attention_norm", (E,)),
                 TensorSpec("ffn_norm", (E,)), *ffn_tensors(hp, il, ("ffn_gate", "ffn_down", "ffn_up")),
@@ -127,7 +127,7 @@ class Gemma3(Architecture):
                                  rope_freq_base=f.get_float(f.arch_key("rope.freq_base_swa"),
                                                             ROPE_FREQ_BASE_SWA_DEFAULT))}
 
-    def gguf_keys(self, hp: LlamaHParams) -> dict[str, Any]:
+    def gguf_keys(self, hp: HParams) -> dict[str, Any]:
         swa = hp.swa
         if swa is None:
             return {}
@@ -136,7 +136,7 @@ class Gemma3(Architecture):
             out["rope.freq_base_swa"] = swa.rope_freq_base
         return out
 
-    def check(self, hp: LlamaHParams) -> None:
+    def check(self, hp: HParams) -> None:
         if hp.moe is not None:
             raise UnsupportedFeature("experts", f"{self.name} has no experts (llm_build_gemma3's FFN is dense)")
         if hp.swa is not None and hp.swa.layers is not None:

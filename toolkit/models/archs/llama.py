@@ -28,16 +28,16 @@ from toolkit.models.archs.base import (
     ffn_tensors,
     moe_tensors,
 )
-from toolkit.models.graph import GraphBuilder, LlamaGraph
+from toolkit.models.graph import GraphBuilder, GraphResult
 
 if TYPE_CHECKING:
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
 
 
 class LlamaGraphBuilder(GraphBuilder):
     """``llm_build_llama``."""
 
-    def build_layers(self, res: LlamaGraph) -> Tensor:
+    def build_layers(self, res: GraphResult) -> Tensor:
         hp, m, cb = self.hp, self.model, self.cb
         inpL = self.build_inp_embd(res)
         inp_pos = self.build_inp_pos(res)
@@ -72,7 +72,7 @@ class LlamaGraphBuilder(GraphBuilder):
         return inpL
 
 
-def layer_tensors(hp: LlamaHParams, il: int) -> list[TensorSpec]:
+def layer_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """``llama_model_llama::load_arch_tensors``' layer: attention, ``ffn_norm``, the dense FFN or the experts."""
     ffn = moe_tensors(hp, il) if hp.moe is not None else ffn_tensors(hp, il, ("ffn_gate", "ffn_up", "ffn_down"))
     return [*attn_tensors(hp, il), TensorSpec("ffn_norm", (hp.n_embd,)), *ffn]
@@ -83,7 +83,7 @@ def layer_tensors(hp: LlamaHParams, il: int) -> list[TensorSpec]:
 class Llama(Architecture):
     """``LLM_ARCH_LLAMA``."""
 
-    def layer_tensors(self, hp: LlamaHParams, il: int) -> list[TensorSpec]:
+    def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
         return layer_tensors(hp, il)
 
 

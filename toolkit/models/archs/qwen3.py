@@ -32,16 +32,16 @@ from toolkit.models.archs.base import (
     moe_tensors,
     qk_norm_tensors,
 )
-from toolkit.models.graph import GraphBuilder, LlamaGraph
+from toolkit.models.graph import GraphBuilder, GraphResult
 
 if TYPE_CHECKING:
-    from toolkit.models.hparams import LlamaHParams
+    from toolkit.models.hparams import HParams
 
 
 class Qwen3GraphBuilder(GraphBuilder):
     """``llm_build_qwen3`` (and ``llm_build_qwen3moe``: the FFN slot holds the experts)."""
 
-    def build_layers(self, res: LlamaGraph) -> Tensor:
+    def build_layers(self, res: GraphResult) -> Tensor:
         hp, m, cb = self.hp, self.model, self.cb
         inpL = self.build_inp_embd(res)
         inp_pos = self.build_inp_pos(res)
@@ -84,13 +84,13 @@ class Qwen3(Architecture):
 
     experts: bool = False   # qwen3moe: the FFN slot must hold experts
 
-    def layer_tensors(self, hp: LlamaHParams, il: int) -> list[TensorSpec]:
+    def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
         out = [*attn_tensors(hp, il), *qk_norm_tensors(hp), TensorSpec("ffn_norm", (hp.n_embd,))]
         if hp.moe is not None:
             return out + moe_tensors(hp, il)
         return out + ffn_tensors(hp, il, ("ffn_gate", "ffn_down", "ffn_up"))
 
-    def check(self, hp: LlamaHParams) -> None:
+    def check(self, hp: HParams) -> None:
         # llama_model_qwen3moe::load_arch_tensors: "n_expert must be > 0 for QWEN3MOE"
         if self.experts and hp.moe is None:
             raise ToolkitError(f"{self.name} needs experts: n_expert must be > 0 (llama.cpp refuses the model)")
