@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.errors import ParameterError
+from toolkit.models import archs
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, ContextParams
 from toolkit.models.hparams import HParams
 from toolkit.validate import INT32_MAX
@@ -409,16 +410,12 @@ def context_flags(cp: ContextParams) -> list[str]:
 
 
 def model_from_dict(d: Mapping[str, Any]) -> HParams:
-    """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan yet
-    (``HParams.from_dict`` refuses the architectures without a graph builder)."""
-    # refused only while HParams has no field for experts (toolkit.models.moe adds ``moe``)
-    if int(d.get("n_expert", 0) or 0) > 0 and "moe" not in HParams.__dataclass_fields__:
-        raise UnsupportedFeature("moe", f"model {d.get('name', '?')!r}: mixture-of-experts layers "
-                                 f"({d['n_expert']} experts) are not implemented")
-    if d.get("has_rope_freqs") and "rope_freqs" not in HParams.__dataclass_fields__:
-        raise UnsupportedFeature("rope_freqs", f"model {d.get('name', '?')!r}: llama3 rope scaling with a "
-                                 "rope_freqs.weight tensor is not implemented")
-    return HParams.from_dict(d)
+    """A model description (the oracle's ``model`` dict), refusing what the toolkit cannot plan: an
+    architecture that is not registered or that refuses these hyperparameters (``archs.checked``),
+    a weight whose rows are not whole blocks of its type (``Architecture.weights``)."""
+    hp = HParams.from_dict(d)
+    archs.checked(hp).weights(hp)
+    return hp
 
 
 def load_model_arg(spec: str | None) -> HParams:
