@@ -14,6 +14,8 @@ CASES_JSON = DATA / "cases.json"
 # the second oracle's qwen3 and gemma3 cases, and the Llama-3.x-file oracle (observed fields trimmed)
 ARCH_CASES_JSON = (DATA / "cases-qwen3-gemma3.json", DATA / "cases-llama3.json")
 DUMPS = DATA / "sched-debug"
+# the third oracle's gpt-oss cases (MXFP4 experts and an F32 variant), checked by tests/test_oracle_gptoss.py
+GPTOSS_CASES_JSON = DATA / "cases-gptoss.json"
 
 
 @cache
@@ -22,7 +24,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in (*cases(), *arch_cases()):
+    for c in (*cases(), *arch_cases(), *gptoss_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
@@ -31,6 +33,11 @@ def case(case_id: str) -> dict[str, Any]:
 @cache
 def arch_cases() -> list[dict[str, Any]]:
     return [c for p in ARCH_CASES_JSON for c in json.loads(p.read_text())]
+
+
+@cache
+def gptoss_cases() -> list[dict[str, Any]]:
+    return list(json.loads(GPTOSS_CASES_JSON.read_text()))
 
 
 _RESERVE = re.compile(r"graph_reserve: reserving a graph for ubatch with n_tokens =\s*(\d+), n_seqs =\s*(\d+), "
@@ -118,8 +125,8 @@ def fmt_size(n: int) -> str:
 
 
 def debug_case_ids() -> list[str]:
-    """The dumps of every case (first oracle, qwen3/gemma3 and Llama-3.x files) that has one."""
-    ids = {c["id"] for c in (*cases(), *arch_cases())}
+    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss) that has one."""
+    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
 
 

@@ -20,7 +20,7 @@ __all__ = [
     "reshape_3d", "reshape_4d", "view_1d", "view_2d", "view_3d", "view_4d", "permute",
     "transpose", "diag_mask_inf", "soft_max", "soft_max_ext", "rope_ext", "flash_attn_ext",
     "glu_split", "swiglu_split", "swiglu", "fill", "repeat", "clamp", "mul_mat_id", "argsort",
-    "argsort_top_k",
+    "argsort_top_k", "add_id", "swiglu_oai", "flash_attn_ext_add_sinks", "soft_max_add_sinks",
 ]
 
 
@@ -455,3 +455,50 @@ def transpose(a: Tensor) -> Tensor:
     r.nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
     r.name = f"{a.name} (transposed)"
     return _op(r, Op.TRANSPOSE, a)
+
+
+# ---- gpt-oss: expert biases, the clamped SwiGLU, attention sinks --------------------------
+
+def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """``ggml_add_id(a, b, ids)``: ``a[:, i, t] + b[:, ids[i, t]]``, the bias of each selected expert.
+
+    ``a`` is F32 ``[n, n_used, n_tokens]``, ``b`` F32 ``[n, n_expert]`` (one bias row per expert),
+    ``ids`` I32 ``[n_used, n_tokens]``; the result has a's shape (srcs: a, b, ids).
+    """
+    ok = (a.ne[0] == b.ne[0] and a.ne[1] == ids.ne[0] and a.ne[2] == ids.ne[1] and a.ne[3] == 1
+          and b.ne[2] == 1 and b.ne[3] == 1 and ids.type is I32 and a.type is F32 and b.type is F32)
+    if not ok:
+        raise _fail("add_id", f"cannot add biases {b.type.lower} {list(b.ne)} to {a.type.lower} {list(a.ne)} "
+                              f"with ids {ids.type.lower} {list(ids.ne)}")
+    return _op(dup_tensor(a), Op.ADD_ID, a, b, ids)
+
+
+def swiglu_oai(a: Tensor, b: Tensor, alpha: float, limit: float) -> Tensor:
+    """``ggml_swiglu_oai(a, b, alpha, limit)``: ``x * sigmoid(alpha * x) * (y + 1)`` with
+    ``x = min(a, limit)`` and ``y = clamp(b, -limit, limit)``; one GLU node (printed SWIGLU_OAI)."""
+    if a.ne != b.ne or a.type != b.type:
+        raise _fail("swiglu_oai", f"a {list(a.ne)} and b {list(b.ne)} must have the same type and shape")
+    return _op(Tensor(a.type, a.ne), Op.GLU, a, b, glu=GluOp.SWIGLU_OAI, swapped=False,
+               alpha=float(alpha), limit=float(limit))
+
+
+def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    """``ggml_flash_attn_ext_add_sinks``: the per-head sinks (F32 ``[n_head]``) as FLASH_ATTN_EXT's src[4];
+    nothing without sinks."""
+    if sinks is None:
+        return
+    if a.op is not Op.FLASH_ATTN_EXT or sinks.type is not F32 or sinks.ne[0] != a.ne[1]:
+        raise _fail("flash_attn_ext_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
+                                                f"{a.op.value} {list(a.ne)}")
+    a.src = [*a.src[:4], *[None] * (4 - len(a.src)), sinks]
+
+
+def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
+    """``ggml_soft_max_add_sinks``: the per-head sinks (F32 ``[n_head]``) as SOFT_MAX's src[2];
+    nothing without sinks."""
+    if sinks is None:
+        return
+    if a.op is not Op.SOFT_MAX or sinks.type is not F32 or sinks.ne[0] != a.ne[2]:
+        raise _fail("soft_max_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
+                                          f"{a.op.value} {list(a.ne)}")
+    a.src = [*a.src[:2], *[None] * (2 - len(a.src)), sinks]

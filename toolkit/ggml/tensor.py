@@ -83,6 +83,7 @@ class GluOp(enum.Enum):
     REGLU = "REGLU"
     GEGLU = "GEGLU"
     SWIGLU = "SWIGLU"
+    SWIGLU_OAI = "SWIGLU_OAI"
 
 
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})

@@ -2,7 +2,7 @@
 
 Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped)
 and the hyperparameters planning reads (:func:`toolkit.models.gguf.hparams_from_gguf`). A weight's
-data stays in its file layout (f32/f16 values, bf16 bits, Q8_0/Q4_0 blocks as bytes), which is
+data stays in its file layout (f32/f16 values, bf16 bits, Q8_0/Q4_0/MXFP4 blocks as bytes), which is
 ggml's memory image, so it goes to its device unchanged and quantized weights are dequantized
 inside the kernels. Writing uses ``gguf.GGUFWriter``; ``gguf.quants`` is the independent reference
 for the block formats the JAX kernels decode.
@@ -19,12 +19,14 @@ import numpy as np
 
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
+from toolkit.jaxrt.quant import DEQUANT
 from toolkit.models import archs
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFFile, open_gguf
 from toolkit.models.hparams import HParams
 
-SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0)
+# the float types, and every quantized type the runtime dequantizes (toolkit.jaxrt.quant.DEQUANT)
+SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, *DEQUANT)
 
 
 @dataclass
@@ -155,8 +157,11 @@ def _per_layer(v: int | tuple[int, ...]) -> int | list[int]:
 
 
 def _add_key(w: Any, key: str, value: Any) -> None:
-    """One architecture key, typed as llama.cpp reads it: bool, uint32, float32, or an array of them."""
-    if isinstance(value, bool):
+    """One architecture key, typed as llama.cpp reads it: bool, uint32, float32, a string (``rope.scaling.type``)
+    or an array of them."""
+    if isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, bool):
         w.add_bool(key, value)
     elif isinstance(value, int):
         w.add_uint32(key, value)
@@ -165,4 +170,4 @@ def _add_key(w: Any, key: str, value: Any) -> None:
     elif isinstance(value, list | tuple):
         w.add_array(key, list(value))
     else:
-        raise TypeError(f"GGUF key {key}: {value!r} is not a bool, int, float or list")
+        raise TypeError(f"GGUF key {key}: {value!r} is not a str, bool, int, float or list")

@@ -42,7 +42,7 @@ SQRT_2_OVER_PI = 0.7978845608028654
 
 
 def as_f32(x: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
-    """A logical value as f32: dequantized rows for Q8_0/Q4_0, a cast otherwise."""
+    """A logical value as f32: dequantized rows for a quantized type (toolkit.jaxrt.quant), a cast otherwise."""
     if type_.is_quantized:
         return dequantize(x, type_)
     return x.astype(jnp.float32)

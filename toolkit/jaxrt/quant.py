@@ -1,9 +1,12 @@
-"""ggml block quantization in JAX: Q8_0 and Q4_0 dequantized inside the compiled kernel.
+"""ggml block quantization in JAX: Q8_0, Q4_0 and MXFP4 dequantized inside the compiled kernel.
 
 Block layouts (ggml-common.h):
 - Q8_0: 34 bytes per 32 elements: ``d`` (f16, little endian), then 32 int8 ``qs``; x = d * q.
 - Q4_0: 18 bytes per 32 elements: ``d`` (f16), then 16 bytes of nibbles; byte j holds element j
   in its low nibble and element j+16 in its high nibble; x = d * (q - 8).
+- MXFP4 (``block_mxfp4``): 17 bytes per 32 elements: ``e`` (an E8M0 exponent), then 16 bytes of
+  nibbles as Q4_0's; x = ``kvalues_mxfp4[q]`` (E2M1 values doubled) times ``GGML_E8M0_TO_FP32_HALF(e)``
+  = 2^(e-128), built from its bits (``0x00200000 << e`` below e = 2, ``(e - 1) << 23`` from there).
 
 Weights stay quantized on their device (uint8 bytes in ggml layout); only the rows a kernel
 reads are expanded, so a GET_ROWS of a Q8_0 embedding dequantizes n_tokens rows, not the table.
@@ -45,7 +48,29 @@ def dequant_q4_0(raw: jnp.ndarray) -> jnp.ndarray:
     return (q * _scale(blocks)[..., None]).reshape(*lead, nblk * QK)
 
 
-DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0}
+# kvalues_mxfp4 (ggml-common.h): the E2M1 values, doubled
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def _e8m0_to_fp32_half(e: jnp.ndarray) -> jnp.ndarray:
+    """``ggml_e8m0_to_fp32_half``: 2^(e-128) from its float32 bits (exact for the denormal e = 0, 1)."""
+    e32 = e.astype(jnp.uint32)
+    bits = jnp.where(e32 < 2, jnp.uint32(0x00200000) << e32, (e32 - 1) << 23)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def dequant_mxfp4(raw: jnp.ndarray) -> jnp.ndarray:
+    """uint8 rows (..., nblocks*17) -> f32 rows (..., nblocks*32) (``dequantize_row_mxfp4``)."""
+    lead = raw.shape[:-1]
+    nblk = raw.shape[-1] // 17
+    blocks = raw.reshape(*lead, nblk, 17)
+    qs = blocks[..., 1:]
+    idx = jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(jnp.int32)  # elements 0..15, then 16..31
+    q = jnp.asarray(KVALUES_MXFP4, jnp.float32)[idx]
+    return (q * _e8m0_to_fp32_half(blocks[..., 0])[..., None]).reshape(*lead, nblk * QK)
+
+
+DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0, GGMLType.MXFP4: dequant_mxfp4}
 
 
 def dequantize(raw: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:

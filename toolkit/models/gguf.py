@@ -55,14 +55,22 @@ def n_vocab(f: GGUFFile) -> int:
 
 def check_shapes(f: GGUFFile, weights: Any) -> None:
     """Every weight the graph needs is in the file with the shape it expects (llama.cpp's
-    ``create_tensor`` check: "tensor has wrong shape" / "missing tensor")."""
+    ``create_tensor`` check: "tensor has wrong shape" / "missing tensor"), and the file has no other
+    (``done_getting_tensors``: "wrong number of tensors")."""
+    names = set()
     for w in weights:
+        names.add(w.name)
         t = f.tensors.get(w.name)
         if t is None:
             raise GGUFError(f.path, "missing tensor", None, w.name)
         if t.ne != tuple(w.ne):
             raise GGUFError(f.path, f"tensor has wrong shape; expected {list(w.ne)}, got {list(t.ne)}",
                             t.info_offset, w.name)
+    # llama_model_loader::done_getting_tensors: every tensor of the file must have been created
+    extra = [n for n in f.tensors if n not in names]
+    if extra:
+        raise GGUFError(f.path, f"wrong number of tensors; expected {len(names)}, got {len(f.tensors)} "
+                        f"({extra[0]!r} is not a tensor of {f.architecture})", None, extra[0])
 
 
 def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = None) -> int | tuple[int, ...] | None:
@@ -99,9 +107,7 @@ def common_hparams(f: GGUFFile) -> dict[str, Any]:
     n_head = get_key_or_arr(f, "attention.head_count", n_layer)
     if n_head is None:
         raise GGUFError(f.path, "required key is missing", None, f.arch_key("attention.head_count"))
-    n_ff = get_key_or_arr(f, "feed_forward_length", n_layer)
-    if n_ff is None:
-        raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
+    n_ff = get_key_or_arr(f, "feed_forward_length", n_layer)   # None: the architecture's keys must give it
     n_head_kv = get_key_or_arr(f, "attention.head_count_kv", n_layer)  # default: n_head_arr
     dtype, overrides = weight_types(f)
     head0 = n_head if isinstance(n_head, int) else n_head[0]
@@ -111,7 +117,7 @@ def common_hparams(f: GGUFFile) -> dict[str, Any]:
     rot = f.get_int(f.arch_key("rope.dimension_count"))
     out: dict[str, Any] = {
         "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
-        "n_head_kv": n_head if n_head_kv is None else n_head_kv, "n_ff": n_ff,
+        "n_head_kv": n_head if n_head_kv is None else n_head_kv, **({} if n_ff is None else {"n_ff": n_ff}),
         "n_vocab": n_vocab(f), "n_ctx_train": f.get_int(f.arch_key("context_length"), 4096) or 0,
         "n_embd_head_k_": None if head_k is None or head_k == head_default else head_k,
         "n_embd_head_v_": None if head_v is None or head_v == head_default else head_v,
@@ -145,8 +151,12 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
         arch = archs.get(name)
     except UnsupportedFeature as e:
         raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
+    # load_arch_hparams runs after the common keys and may set what they left (gpt-oss's experts, n_ff)
+    kw = {**common_hparams(f), **arch.read_hparams(f), "arch": name}
+    if "n_ff" not in kw:
+        raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
     try:
-        hp = HParams(**common_hparams(f), arch=name, **arch.read_hparams(f))
+        hp = HParams(**kw)
     except (GGUFError, UnsupportedFeature):
         raise
     except ValueError as e:

@@ -60,6 +60,9 @@ class GraphResult:
     inputs: list[GraphInput] = field(default_factory=list)   # llm_graph_result::inputs, in creation order
     logits: Tensor | None = None
     embd: Tensor | None = None
+    # llm_graph_result::t_h_nextn: the last layer's output before the output rows are picked (gpt-oss
+    # and the MTP architectures set it); set_outputs makes it a graph output, so it is never freed
+    h_nextn: Tensor | None = None
 
     def copy(self, graph_size: int) -> GraphResult:
         """The same graph over new tensors (the weights and the KV cache shared), with capacity
@@ -69,7 +72,8 @@ class GraphResult:
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
             [(cp(t), il) for t, il in self.fa_nodes], [inp.copy(cp) for inp in self.inputs],
-            None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd))
+            None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd),
+            None if self.h_nextn is None else cp(self.h_nextn))
 
     def input(self, kind: type[In]) -> In:
         """The graph's first input of this kind (e.g. ``lg.input(InputOutIds).out_ids``)."""
@@ -143,9 +147,11 @@ class GraphBuilder:
         cur = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
         res.logits = cur
         res.graph.build_forward_expand(cur)
-        # llm_graph_result::set_outputs: logits and embeddings are graph outputs
+        # llm_graph_result::set_outputs: logits, embeddings and t_h_nextn are graph outputs
         res.logits.set_output()
         res.embd.set_output()
+        if res.h_nextn is not None:
+            res.h_nextn.set_output()
         return res
 
     def build_layers(self, res: GraphResult) -> Tensor:
@@ -217,11 +223,17 @@ class GraphBuilder:
         return ops.mul(cur, w)
 
     def rope(self, x: Tensor, pos: Tensor, il: int) -> Tensor:
-        """``ggml_rope_ext`` with the architecture's RoPE type, the layer's base and ``rope_freqs`` (the
-        freq-factors source) if any."""
+        """``ggml_rope_ext`` with the architecture's RoPE type, the layer's base, ``rope_freqs`` (the
+        freq-factors source) if any, and the YaRN values of ``hp.rope_scaling`` if any."""
         hp = self.hp
         factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
-        return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, hp.n_ctx_train, hp.rope_base(il))
+        ys = hp.rope_scaling
+        if ys is None:
+            return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, hp.n_ctx_train, hp.rope_base(il))
+        # YaRN: cparams.n_ctx_orig_yarn, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_*
+        return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, ys.orig_ctx or hp.n_ctx_train,
+                            hp.rope_base(il), ys.freq_scale, ys.ext_factor, ys.attn_factor, ys.beta_fast,
+                            ys.beta_slow)
 
     def build_attn(self, res: GraphResult, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
                    wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_b: Tensor | None,
@@ -232,11 +244,13 @@ class GraphBuilder:
         ``inp`` is a KV input (``llm_graph_input_attn_kv``) or an iSWA input, which gives the inputs
         of the cache that holds layer il. Q, then V and K (iSWA: K and V) are expanded together so
         they are not reordered (fewer splits). ``wo`` None: no output projection; ``wo_s`` multiplies
-        and ``wo_b`` adds after it (``build_lora_mm``, the output bias). Not built yet, each raising
-        UnsupportedFeature when given: ``kq_b`` (a KQ bias, T5's relative positions), ``sinks``
-        (gpt-oss's attention sinks) and ``v_mla`` (DeepSeek's MLA V up-projection after attention).
+        and ``wo_b`` adds after it (``build_lora_mm``, the output bias). ``sinks`` (gpt-oss's attention
+        sinks, F32 ``[n_head]``) become one more source of the attention: FLASH_ATTN_EXT's src[4]
+        (``ggml_flash_attn_ext_add_sinks``) or the SOFT_MAX's src[2] (``ggml_soft_max_add_sinks``).
+        Not built yet, each raising UnsupportedFeature when given: ``kq_b`` (a KQ bias, T5's relative
+        positions) and ``v_mla`` (DeepSeek's MLA V up-projection after attention).
         """
-        for name, t in (("kq_b", kq_b), ("sinks", sinks), ("v_mla", v_mla)):
+        for name, t in (("kq_b", kq_b), ("v_mla", v_mla)):
             if t is not None:
                 raise UnsupportedFeature(name, f"build_attn's {name} argument is not built yet (layer {il})")
         gf = res.graph
@@ -248,7 +262,7 @@ class GraphBuilder:
         gf.build_forward_expand(self._cpy_v(kv.cache, v_cur, kv.v_idxs, il))
         k = self._get_k(res, kv.cache, il)
         v = self._get_v(res, kv.cache, il)
-        cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale)
+        cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale, sinks)
         self.cb(res, cur, "kqv_out", il)
         if wo is not None:
             cur = ops.mul_mat(wo, cur)
@@ -329,7 +343,7 @@ class GraphBuilder:
                            stream * s0)
 
     def _attn_mha(self, res: GraphResult, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
-                  kq_scale: float) -> Tensor:
+                  kq_scale: float, sinks: Tensor | None = None) -> Tensor:
         cb = self.cb
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -343,10 +357,13 @@ class GraphBuilder:
                 v = ops.transpose(v)
             cur = ops.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0, 0.0)
             res.fa_nodes.append((cur, il))
+            ops.flash_attn_ext_add_sinks(cur, sinks)
             cur = ops.reshape_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = cb(res, ops.mul_mat(k, q), "kq", il)
-            kq = cb(res, ops.soft_max_ext(kq, kq_mask, kq_scale, 0.0), "kq_soft_max", il)
+            kq = ops.soft_max_ext(kq, kq_mask, kq_scale, 0.0)
+            ops.soft_max_add_sinks(kq, sinks)
+            kq = cb(res, kq, "kq_soft_max", il)
             if not v_trans:
                 v = cb(res, ops.cont(ops.transpose(v)), "v_cont", il)
             kqv = cb(res, ops.mul_mat(v, kq), "kqv", il)
@@ -358,14 +375,19 @@ class GraphBuilder:
         return cur
 
     # ---- pieces the architectures share ---------------------------------------------------------
-    def qkv(self, res: GraphResult, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V projections reshaped to heads (``Qcur``/``Kcur``/``Vcur``)."""
+    def qkv(self, res: GraphResult, il: int, cur: Tensor, *, bias: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K, V projections reshaped to heads (``Qcur``/``Kcur``/``Vcur``): ``build_qkv``'s separate
+        path; ``bias``: each projection plus its ``attn_q/k/v.bias`` (``layer.wq_b`` & co.)."""
         hp, m, cb = self.hp, self.model, self.cb
         p = f"blk.{il}."
         Hk, Hv, n_tokens = hp.n_embd_head_k, hp.n_embd_head_v, cur.ne[1]
-        q = cb(res, ops.mul_mat(m.w(p + "attn_q.weight"), cur), "Qcur", il)
-        k = cb(res, ops.mul_mat(m.w(p + "attn_k.weight"), cur), "Kcur", il)
-        v = cb(res, ops.mul_mat(m.w(p + "attn_v.weight"), cur), "Vcur", il)
+        proj = []
+        for role, name in (("q", "Qcur"), ("k", "Kcur"), ("v", "Vcur")):
+            t = cb(res, ops.mul_mat(m.w(f"{p}attn_{role}.weight"), cur), name, il)
+            if bias:
+                t = cb(res, ops.add(t, m.w(f"{p}attn_{role}.bias")), name, il)
+            proj.append(t)
+        q, k, v = proj
         q = cb(res, ops.reshape_3d(q, Hk, hp.n_head(il), n_tokens), "Qcur", il)
         k = cb(res, ops.reshape_3d(k, Hk, hp.n_head_kv(il), n_tokens), "Kcur", il)
         v = cb(res, ops.reshape_3d(v, Hv, hp.n_head_kv(il), n_tokens), "Vcur", il)

@@ -36,7 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.errors import ToolkitError
+import numpy as np
+
+from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
 from toolkit.models import moe as moe_ffn
 from toolkit.models.moe import MoEParams
@@ -93,6 +95,64 @@ class SWAParams:
         layers = d.get("layers")
         return cls(int(d["window"]), int(d.get("pattern", 0)), None if base is None else float(base),
                    None if layers is None else tuple(bool(x) for x in layers))
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """``rope.scaling.*``: the type (only ``yarn``, ``LLAMA_ROPE_SCALING_TYPE_YARN``), ``factor``
+    (``rope_freq_scale_train = 1/factor``), ``orig_ctx`` (``original_context_length``, llama.cpp's
+    ``n_ctx_orig_yarn``; 0: ``n_ctx_train``) and ``yarn_log_mul`` (``rope.scaling.yarn_log_multiplier``).
+
+    The context's YaRN values follow ``llama_context``'s constructor with no ``--yarn-*`` flags:
+    ``ext_factor`` 1, ``attn_factor`` ``get_mscale(factor, 1)`` cancelled by ``1/(1 + 0.1 ln factor)``
+    (ggml's rope multiplies that back), ``beta_fast`` 32 and ``beta_slow`` 1 (``llama_hparams``' defaults).
+
+    >>> RopeScaling("yarn", 32.0, 4096).freq_scale, RopeScaling("yarn", 32.0, 4096).attn_factor
+    (0.03125, 1.0)
+    """
+
+    type: str
+    factor: float
+    orig_ctx: int = 0
+    yarn_log_mul: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.type != "yarn":
+            raise UnsupportedFeature("rope_scaling", f"RoPE scaling type {self.type!r} is not implemented (yarn is)")
+        if not float(self.factor) > 0.0:
+            raise ToolkitError(f"rope scaling factor {self.factor!r} must be > 0")
+        if not isinstance(self.orig_ctx, int) or self.orig_ctx < 0:
+            raise ToolkitError(f"rope scaling original context {self.orig_ctx!r} must be an integer >= 0")
+        object.__setattr__(self, "factor", float(self.factor))
+        object.__setattr__(self, "yarn_log_mul", float(self.yarn_log_mul))
+
+    @property
+    def freq_scale(self) -> float:
+        return 1.0 / self.factor
+
+    ext_factor = 1.0     # cparams.yarn_ext_factor for LLAMA_ROPE_SCALING_TYPE_YARN
+    beta_fast = 32.0     # llama_hparams::yarn_beta_fast
+    beta_slow = 1.0      # llama_hparams::yarn_beta_slow
+
+    @property
+    def attn_factor(self) -> float:
+        """``cparams.yarn_attn_factor`` (float32 arithmetic as llama.cpp's)."""
+        f = np.float32(self.factor)
+
+        def mscale(m: float) -> np.float32:
+            return np.float32(1.0) if f <= 1 else np.float32(0.1) * np.float32(m) * np.log(f) + np.float32(1.0)
+
+        a = mscale(1.0) / mscale(self.yarn_log_mul) if self.yarn_log_mul != 0.0 else mscale(1.0)
+        return float(np.float32(a) * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "factor": self.factor, "orig_ctx": self.orig_ctx,
+                **({"yarn_log_mul": self.yarn_log_mul} if self.yarn_log_mul else {})}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RopeScaling:
+        return cls(str(d["type"]), float(d["factor"]), int(d.get("orig_ctx", 0) or 0),
+                   float(d.get("yarn_log_mul", 0.0) or 0.0))
 
 
 def _per_layer(what: str, value: int | Sequence[int], n_layer: int) -> PerLayer:
@@ -162,6 +222,7 @@ class HParams:
     rope_freqs: tuple[float, ...] | None = None  # rope_freqs.weight (Llama-3.x rope scaling), n_rot/2 factors
     swa: SWAParams | None = None        # the sliding window of iSWA models
     moe: MoEParams | None = None        # experts (build_moe_ffn) instead of the dense FFN
+    rope_scaling: RopeScaling | None = None  # rope.scaling.* (YaRN)
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -170,7 +231,8 @@ class HParams:
                  eps: float = 1e-5, tied: bool = False, dtype: GGMLType | str = F32,
                  tensor_types: Mapping[str, GGMLType | str] | None = None, name: str = "llama", arch: str = "llama",
                  rope_freqs: Sequence[float] | None = None, swa: SWAParams | None = None,
-                 moe: MoEParams | None = None, n_head_arr: PerLayer | None = None,
+                 moe: MoEParams | None = None, rope_scaling: RopeScaling | None = None,
+                 n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
@@ -192,7 +254,8 @@ class HParams:
                        ("rope_freq_base", rope_freq_base), ("eps", eps), ("tied", tied),
                        ("dtype", GGMLType.parse(dtype)),
                        ("tensor_types", {k2: GGMLType.parse(v2) for k2, v2 in dict(tensor_types or {}).items()}),
-                       ("name", name), ("arch", arch), ("rope_freqs", rope_freqs), ("swa", swa), ("moe", moe)):
+                       ("name", name), ("arch", arch), ("rope_freqs", rope_freqs), ("swa", swa), ("moe", moe),
+                       ("rope_scaling", rope_scaling)):
             s(self, k, val)
         self._check()
 
@@ -326,6 +389,9 @@ class HParams:
                 if d.get("has_rope_freqs") and d.get("rope_freqs") else None,
                 swa=SWAParams.from_dict(swa) if swa else None,
                 moe=moe_ffn.from_dict(d),
+                # YaRN is a RoPE op parameter; Llama-3.x's "llama3" scaling is the rope_freqs tensor above
+                rope_scaling=RopeScaling.from_dict(d["rope_scaling"])
+                if (d.get("rope_scaling") or {}).get("type") == "yarn" else None,
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -344,6 +410,7 @@ class HParams:
             "has_rope_freqs": self.rope_freqs is not None, "rope_freqs": list(self.rope_freqs or ()),
             **({"swa": self.swa.to_dict()} if self.swa is not None else {}),
             **(self.moe.to_dict() if self.moe is not None else {}),
+            **({"rope_scaling": self.rope_scaling.to_dict()} if self.rope_scaling is not None else {}),
         }
 
 

@@ -67,11 +67,11 @@ def layer_devices(hp: HParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
 
 
 def repack_supported(w: WeightInfo) -> bool:
-    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0/Q4_K (rows % 8) and
-    IQ4_NL (rows % 4) weights (x86)."""
+    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0/Q4_K/MXFP4 (rows % 8,
+    ``ggml_repack_get_optimal_repack_type`` with AVX2) and IQ4_NL (rows % 4) weights (x86)."""
     if (w.op, len(w.ne)) not in (("MUL_MAT", 2), ("MUL_MAT_ID", 3)):
         return False
-    if w.type in (GGMLType.Q4_0, GGMLType.Q4_K):
+    if w.type in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.MXFP4):
         return w.ne[1] % 8 == 0
     return w.type.name == "IQ4_NL" and w.ne[1] % 4 == 0
 

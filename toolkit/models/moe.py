@@ -42,6 +42,17 @@ if TYPE_CHECKING:
 WEIGHTS_SUM_MIN = 6.103515625e-5
 # llama.cpp's LLAMA_MAX_EXPERTS
 MAX_EXPERTS = 512
+# llama_expert_gating_func_type: LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX (softmax over every expert, then top-k)
+# and LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT (top-k on the logits, softmax over the k chosen: gpt-oss)
+GATING_SOFTMAX = "softmax"
+GATING_SOFTMAX_WEIGHT = "softmax_weight"
+GATING_FUNCS = (GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT)
+# llm_ffn_op_type of the experts: LLM_FFN_SILU (SWIGLU of gate and up) and LLM_FFN_SWIGLU_OAI_MOE
+FFN_SILU = "silu"
+FFN_SWIGLU_OAI = "swiglu_oai"
+# build_moe_ffn's constants for LLM_FFN_SWIGLU_OAI_MOE ("TODO: move to hparams?")
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
 
 Callback = Callable[[Tensor, str, int], Tensor]
 
@@ -66,9 +77,10 @@ class MoEParams:
             raise ValueError(f"n_expert_used={self.n_expert_used!r} must be in 1..n_expert={self.n_expert}")
         if not isinstance(self.n_ff_exp, int) or self.n_ff_exp < 0:
             raise ValueError(f"n_ff_exp={self.n_ff_exp!r} must be an integer >= 0")
-        if self.gating != "softmax":
+        if self.gating not in GATING_FUNCS:
             raise UnsupportedFeature(f"expert gating {self.gating}",
-                                     f"expert gating function {self.gating!r} is not implemented (softmax is)")
+                                     f"expert gating function {self.gating!r} is not implemented "
+                                     f"(implemented: {', '.join(GATING_FUNCS)})")
 
     @property
     def nodes_per_layer(self) -> int:
@@ -120,15 +132,17 @@ _UNSUPPORTED_KEYS = {
 }
 _UNSUPPORTED_TENSORS = {
     "_shexp": "shared experts", "ffn_gate_up_exps": "merged gate/up experts", "exp_probs_b": "expert selection bias",
-    "_chexps": "chunked experts", "ffn_gate_inp.bias": "router bias", "exps.bias": "expert biases",
+    "_chexps": "chunked experts",
 }
 
 
 def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> MoEParams | None:
     """The MoE keys of a GGUF (``<arch>.expert_count`` & co.) through ``get(key) -> value | None``.
 
-    Variants this toolkit does not build (shared experts, expert groups, merged gate/up, biases) are
-    refused with :class:`UnsupportedFeature` naming the feature.
+    Variants this toolkit does not build (shared experts, expert groups, merged gate/up) are refused
+    with :class:`UnsupportedFeature` naming the feature. The router and expert biases are built (an
+    architecture that lists them, gpt-oss); a file of another architecture that carries them has more
+    tensors than its architecture creates, which :func:`toolkit.models.gguf.check_shapes` refuses.
     """
     n = int(get(f"{arch}.expert_count") or 0)
     if n <= 0:
@@ -148,13 +162,31 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
 
 
 def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
-                  down_exps: Tensor, p: MoEParams, il: int) -> Tensor:
-    """``build_moe_ffn(cur, gate_inp, up_exps, gate_exps, down_exps, …, LLM_FFN_SILU, norm_w=true,
-    expert_weights_scale, SOFTMAX, il)`` for ``cur`` ``[n_embd, n_tokens]``; returns ``ffn_moe_out``."""
+                  down_exps: Tensor, p: MoEParams, il: int, *, gate_inp_b: Tensor | None = None,
+                  up_exps_b: Tensor | None = None, gate_exps_b: Tensor | None = None,
+                  down_exps_b: Tensor | None = None, type_op: str = FFN_SILU, norm_w: bool = True) -> Tensor:
+    """``build_moe_ffn(cur, gate_inp, gate_inp_b, up_exps, up_exps_b, gate_exps, gate_exps_b, down_exps,
+    down_exps_b, …, type_op, norm_w, expert_weights_scale, gating_op, il)`` for ``cur`` ``[n_embd, n_tokens]``;
+    returns ``ffn_moe_out``.
+
+    In llama.cpp's order: the router (``ffn_moe_logits``, plus its bias ``gate_inp_b``:
+    ``ffn_moe_logits_biased``), the gating (``p.gating``: SOFT_MAX, or none before the top-k for
+    SOFTMAX_WEIGHT), the top-k, the selected weights (SOFTMAX_WEIGHT: a SOFT_MAX over the k,
+    ``ffn_moe_weights_softmax``; ``norm_w``: divided by their clamped sum), the scale, then the experts:
+    up (+ ``up_exps_b`` through ADD_ID), gate (+ ``gate_exps_b``), the activation (``type_op``:
+    ``silu`` SWIGLU or ``swiglu_oai`` with alpha 1.702 and limit 7), down (+ ``down_exps_b``), weighted,
+    and the sum over the k views. Shared experts, selection biases and expert groups are not built.
+    """
+    if type_op not in (FFN_SILU, FFN_SWIGLU_OAI):
+        raise UnsupportedFeature(f"expert activation {type_op}", f"build_moe_ffn's type_op {type_op!r} is not "
+                                 f"implemented (implemented: {FFN_SILU}, {FFN_SWIGLU_OAI})")
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     n_expert, k = p.n_expert, p.n_expert_used
     logits = cb(ops.mul_mat(gate_inp, cur), "ffn_moe_logits", il)          # [n_expert, n_tokens]
-    probs = cb(ops.soft_max(logits), "ffn_moe_probs", il)
+    if gate_inp_b is not None:
+        logits = cb(ops.add(logits, gate_inp_b), "ffn_moe_logits_biased", il)
+    probs = ops.soft_max(logits) if p.gating == GATING_SOFTMAX else logits  # SOFTMAX_WEIGHT: probs = logits
+    cb(probs, "ffn_moe_probs", il)
     selected = ops.argsort_top_k(probs, k)                                   # [k, n_tokens] view of the ARGSORT
     src = selected.src[0]
     assert src is not None
@@ -162,21 +194,34 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
     cb(selected, "ffn_moe_topk", il)
     weights = ops.get_rows(ops.reshape_3d(probs, 1, n_expert, n_tokens), selected)  # [1, k, n_tokens]
     cb(weights, "ffn_moe_weights", il)
-    # norm_w: divide by the (clamped) sum of the selected probabilities
-    weights = ops.reshape_2d(weights, k, n_tokens)
-    wsum = cb(ops.sum_rows(weights), "ffn_moe_weights_sum", il)
-    wsum = cb(ops.clamp(wsum, WEIGHTS_SUM_MIN, math.inf), "ffn_moe_weights_sum_clamped", il)
-    weights = cb(ops.div(weights, wsum), "ffn_moe_weights_norm", il)
-    weights = ops.reshape_3d(weights, 1, k, n_tokens)
+    if p.gating == GATING_SOFTMAX_WEIGHT:
+        weights = ops.soft_max(ops.reshape_2d(weights, k, n_tokens))         # [k, n_tokens]
+        weights = cb(ops.reshape_3d(weights, 1, k, n_tokens), "ffn_moe_weights_softmax", il)
+    if norm_w:  # divide by the (clamped) sum of the selected probabilities
+        weights = ops.reshape_2d(weights, k, n_tokens)
+        wsum = cb(ops.sum_rows(weights), "ffn_moe_weights_sum", il)
+        wsum = cb(ops.clamp(wsum, WEIGHTS_SUM_MIN, math.inf), "ffn_moe_weights_sum_clamped", il)
+        weights = cb(ops.div(weights, wsum), "ffn_moe_weights_norm", il)
+        weights = ops.reshape_3d(weights, 1, k, n_tokens)
     if p.scales_weights:
         weights = cb(ops.scale(weights, p.weights_scale), "ffn_moe_weights_scaled", il)
     gf.build_forward_expand(weights)
     cur = ops.reshape_3d(cur, n_embd, 1, n_tokens)
     up = cb(ops.mul_mat_id(up_exps, cur, selected), "ffn_moe_up", il)        # [n_ff_exp, k, n_tokens]
+    if up_exps_b is not None:
+        up = cb(ops.add_id(up, up_exps_b, selected), "ffn_moe_up_biased", il)
     gate = cb(ops.mul_mat_id(gate_exps, cur, selected), "ffn_moe_gate", il)
-    act = cb(ops.swiglu_split(gate, up), "ffn_moe_swiglu", il)
+    if gate_exps_b is not None:
+        gate = cb(ops.add_id(gate, gate_exps_b, selected), "ffn_moe_gate_biased", il)
+    if type_op == FFN_SWIGLU_OAI:
+        act = cb(ops.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT), "ffn_moe_swiglu_oai", il)
+    else:
+        act = cb(ops.swiglu_split(gate, up), "ffn_moe_swiglu", il)
     experts = cb(ops.mul_mat_id(down_exps, act, selected), "ffn_moe_down", il)  # [n_embd, k, n_tokens]
+    if down_exps_b is not None:
+        experts = cb(ops.add_id(experts, down_exps_b, selected), "ffn_moe_down_biased", il)
     experts = cb(ops.mul(experts, weights), "ffn_moe_weighted", il)
+    gf.build_forward_expand(experts)
     # order the views before the adds
     views = [ops.view_2d(experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]) for i in range(k)]
     for v in views:
@@ -184,6 +229,7 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
     out = views[0]
     for v in views[1:]:
         out = ops.add(out, v)
+        gf.build_forward_expand(out)
     if k == 1:
         out = ops.cont(out)  # avoid returning a non-contiguous tensor
     return cb(out, "ffn_moe_out", il)

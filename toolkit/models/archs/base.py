@@ -50,13 +50,14 @@ MEMORY_KV = "kv"
 class TensorSpec:
     """One per-layer weight: its name inside the block (``attn_q`` for ``blk.<il>.attn_q.weight``),
     ggml shape ``ne``, the op that consumes it (which decides its buffer type on CPU,
-    ``weight_buft_supported``), and whether it stays F32 whatever the file's type (the MoE router,
-    which llama-quantize skips)."""
+    ``weight_buft_supported``), whether it stays F32 whatever the file's type (the MoE router and
+    the biases, which llama-quantize skips), and the name's last part (``tn(..., "weight" | "bias", il)``)."""
 
     suffix: str
     ne: tuple[int, ...]
     op: str = ""          # "": MUL for a 1-D norm, MUL_MAT for a matrix
     keep_f32: bool = False
+    kind: str = "weight"  # "bias": blk.<il>.<suffix>.bias
 
     def __post_init__(self) -> None:
         if not self.op:
@@ -115,7 +116,7 @@ class Architecture(abc.ABC):
         out.append(hp.weight("token_embd.weight", (E, hp.n_vocab), -1, "GET_ROWS"))
         for il in range(hp.n_layer):
             for t in self.layer_tensors(hp, il):
-                name = f"blk.{il}.{t.suffix}.weight"
+                name = f"blk.{il}.{t.suffix}.{t.kind}"
                 if t.keep_f32 and not any(name.endswith(s) for s in hp.tensor_types):
                     out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
                 else:

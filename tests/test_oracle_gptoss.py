@@ -1,0 +1,101 @@
+"""gpt-oss (``LLM_ARCH_OPENAI_MOE``) against llama.cpp: the third oracle's tiny model with MXFP4
+experts (33 cases) and its F32 variant (5 cases), every field compared.
+
+The cases (tests/data/cases-gptoss.json) were printed by llama.cpp 3f545be for the oracle's
+``tiny_gptoss_mxfp4`` / ``tiny_gptoss_f32`` (4 layers, iSWA window 128 with period 2, heads 4/2 of 64,
+attention sinks, biases on Q/K/V/O, the router and the experts, 8 experts with 4 used, YaRN). The
+recorded command lines name the RPC servers 127.0.0.1:50062/50063 while every log line of the same
+runs (and the debug dumps' ``# cmd``) shows the buffers of 127.0.0.1:50052/50053; the cases file
+carries the ports of the log lines. The debug dumps of three of these cases are compared node by
+node in tests/test_oracle.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+from typing import Any
+
+import pytest
+from oracle_cases import gptoss_cases
+
+from toolkit.cases import context_from_case, plan_case
+from toolkit.models import archs
+
+FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes", "kv_bytes",
+          "kv_buffers_bytes", "model_buffers_bytes", "output_buffer_bytes", "n_copies", "pipeline_parallel",
+          "max_nodes", "n_tensors", "n_backends", "flash_attn_effective", "warnings")
+KV_FIELDS = ("cache", "cells", "layers", "n_stream", "size_k_bytes", "size_v_bytes", "buffers")
+OVERRIDE_FIELDS = ("tensor", "type", "buft", "bytes")
+CASES = {c["id"]: c for c in gptoss_cases()}
+IDS = list(CASES)
+
+
+@cache
+def _planned(case_id: str) -> dict[str, Any]:
+    return plan_case(CASES[case_id])
+
+
+def test_cases_present() -> None:
+    assert Counter(c["arch_key"] for c in CASES.values()) == {"gptoss": 33, "gptoss_f32": 5}
+    assert all(c["model"]["arch"] == "gpt-oss" for c in CASES.values())
+
+
+@pytest.mark.parametrize("case_id", IDS)
+def test_case(case_id: str) -> None:
+    """Graph nodes and splits (pp, tg), every compute buffer (zero-sized ones too), KV bytes per cache
+    and per buffer, model and output buffers, n_copies, the pipeline flag, max_nodes, n_tensors,
+    layer placement and the tensor overrides."""
+    obs = CASES[case_id]["observed"]
+    assert obs["rc"] == 0
+    got = _planned(case_id)
+    assert "error" not in got, got.get("error")
+    for f in FIELDS:
+        assert got[f] == obs[f], (f, got[f], obs[f])
+    assert [list(x) for x in got["layer_devices"]] == [list(x)[:2] for x in obs["layer_devices"]]
+    assert got["kv_caches"] == [{k: kc[k] for k in KV_FIELDS} for kc in obs["kv_caches"]]
+    assert got["tensor_overrides"] == [{k: o[k] for k in OVERRIDE_FIELDS} for o in obs["tensor_overrides"]]
+
+
+def test_mxfp4_experts_go_to_cpu_repack() -> None:
+    """``ggml_repack_get_optimal_repack_type`` takes MXFP4 with AVX2 when ne[1] % 8 == 0: on the CPU every
+    expert is in CPU_REPACK (4 layers x 3 x 8 experts x 128 x 128 x 17/32 bytes), the rest memory-mapped;
+    the F32 variant has no repack buffer."""
+    mx = _planned("cpu-gptoss-c1024-b2048-ub512-faon")["model_buffers_bytes"]
+    assert mx["CPU_REPACK"] == 4 * 3 * 8 * 128 * 128 * 17 // 32 == 835584
+    assert "CPU_REPACK" not in _planned("cpu-gptoss_f32-c1024-b2048-ub512-faon")["model_buffers_bytes"]
+
+
+def test_expert_overrides_take_the_biases_along() -> None:
+    """``-ot ffn_.*_exps=CPU`` and ``--n-cpu-moe`` match the experts' biases too: the MXFP4 matrices go
+    to CPU_REPACK, the F32 biases (``ffn_*_exps.bias``, 2-D) to the CPU buffer."""
+    got = _planned("rpc1-gptoss-ngl99-ncmoe1-oo1-c1024-b512-ub16-faon")["tensor_overrides"]
+    assert [(o["tensor"], o["buft"]) for o in got] == [
+        (f"blk.0.ffn_{p}_exps.{k}", b) for k, b in (("weight", "CPU_REPACK"), ("bias", "CPU"))
+        for p in ("gate", "down", "up")]
+
+
+def test_sinks_are_one_more_source_of_the_attention() -> None:
+    """With flash attention the sinks are FLASH_ATTN_EXT's src[4]; without, the SOFT_MAX's src[2]."""
+    for fa, op, idx in (("on", "FLASH_ATTN_EXT", 4), ("off", "SOFT_MAX", 2)):
+        ctx = context_from_case(CASES[f"cpu-gptoss-c1024-b2048-ub512-fa{fa}"])
+        g = ctx.setup.build_graph(8192, 1, 1, 1).graph
+        nodes = [n for n in g.nodes if n.op.value == op and len(n.src) > idx and n.src[idx] is not None]
+        assert [n.src[idx].name for n in nodes] == [f"blk.{il}.attn_sinks.weight" for il in range(4)]
+
+
+@pytest.mark.parametrize("case_id", [i for i, c in CASES.items() if c["observed"]["n_copies"] == 1])
+def test_each_graph_alone(case_id: str) -> None:
+    """What each graph needs on its own (the oracle's ``graph_only_alloc_bytes``). With flash attention
+    the last layer's output ``t_h_nextn``, a graph output that is never freed, sits below the logits:
+    the CPU's tg graph then needs 128000 bytes of logits above 1568 bytes, not above 1056."""
+    c = CASES[case_id]
+    ev = context_from_case(c).events[-1]
+    only = {(g["graph"], g["backend"]): g["bytes"] for g in c["observed"]["graph_only_alloc_bytes"]}
+    for b in ev.buffers:
+        assert b.needed == {"pp": only[("pp", b.backend)], "tg": only[("tg", b.backend)]}, b.backend
+
+
+def test_registered() -> None:
+    assert "gpt-oss" in archs.names()
+    assert archs.get("gpt-oss").rope_type == archs.ROPE_TYPE_NEOX
