@@ -22,6 +22,7 @@ from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.tensor import GluOp, Op, Tensor, UnaryOp, is_view_op
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt import layout
+from toolkit.jaxrt.kernels_gptoss import GPTOSS_KERNELS, sinks_denominator, swiglu_oai
 from toolkit.jaxrt.kernels_moe import MOE_KERNELS
 from toolkit.jaxrt.operands import (
     Kernel,
@@ -106,18 +107,25 @@ def _add_mask(x: jnp.ndarray, mask: jnp.ndarray, max_bias: float) -> jnp.ndarray
     return x + m
 
 
-def soft_max_ext(a: jnp.ndarray, mask: jnp.ndarray | None, scale: float, max_bias: float) -> jnp.ndarray:
+def soft_max_ext(a: jnp.ndarray, mask: jnp.ndarray | None, scale: float, max_bias: float,
+                 sinks: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``ggml_soft_max_ext`` over a (S, H, T, n_kv); ``sinks`` (per head, ``ggml_soft_max_add_sinks``)
+    join the denominator."""
     x = a * scale
     if mask is not None:
         x = _add_mask(x, mask, max_bias)
-    return jax.nn.softmax(x, axis=-1)
+    if sinks is None:
+        return jax.nn.softmax(x, axis=-1)
+    p, denom = sinks_denominator(x, sinks, 1)
+    return p / denom
 
 
 def flash_attn_ext(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray | None,
-    scale: float, max_bias: float, logit_softcap: float,
+    scale: float, max_bias: float, logit_softcap: float, sinks: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
-    """q (S, H, n_q, D), k (Sk, Hk, n_kv, D), v (Sk, Hk, n_kv, Dv) -> (S, n_q, H, Dv) (ggml ne [Dv, H, n_q, S])."""
+    """q (S, H, n_q, D), k (Sk, Hk, n_kv, D), v (Sk, Hk, n_kv, Dv) -> (S, n_q, H, Dv) (ggml ne [Dv, H, n_q, S]);
+    ``sinks`` (per head, ``ggml_flash_attn_ext_add_sinks``) join the denominator."""
     s3, h, nq, d = q.shape
     k3, hk, nkv, _ = k.shape
     rk3, rk2 = s3 // k3, h // hk
@@ -131,10 +139,7 @@ def flash_attn_ext(
         s = logit_softcap * jnp.tanh(s)
     if mask is not None:
         s = _add_mask(s, mask, max_bias)
-    mx = jnp.max(s, axis=-1, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    p = jnp.exp(s - mx)
-    denom = jnp.sum(p, axis=-1, keepdims=True)
+    p, denom = sinks_denominator(s, sinks, 1)
     # a fully masked row gives 0, as ggml's S == 0 guard does
     p = p / jnp.where(denom == 0.0, 1.0, denom)
     pp = jnp.transpose(p.reshape(k3, rk3, hk, rk2, nq, nkv), (0, 2, 1, 3, 4, 5)).reshape(k3, hk, rk3 * rk2 * nq, nkv)
@@ -198,6 +203,10 @@ UNARY: dict[UnaryOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
 }
 GLU_ACT: dict[GluOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
     GluOp.SWIGLU: jax.nn.silu, GluOp.GEGLU: gelu, GluOp.REGLU: jax.nn.relu,
+}
+# GLU kinds that are not act(x0) * x1: f(node, x0, x1)
+GLU_PAIR: dict[GluOp, Callable[[Tensor, jnp.ndarray, jnp.ndarray], jnp.ndarray]] = {
+    GluOp.SWIGLU_OAI: lambda n, x0, x1: swiglu_oai(x0, x1, param_f32(n, "alpha"), param_f32(n, "limit")),
 }
 
 
@@ -264,9 +273,10 @@ def _unary(n: Tensor, r: Reader) -> jnp.ndarray:
 
 
 def _glu(n: Tensor, r: Reader) -> jnp.ndarray:
-    """ggml_glu / ggml_glu_split: act(x0) * x1, the halves of source 0 or sources 0 and 1."""
-    act = GLU_ACT.get(param_enum(n, "glu", GluOp))
-    if act is None:
+    """ggml_glu / ggml_glu_split: act(x0) * x1 (or a GLU_PAIR kind), the halves of source 0 or sources 0 and 1."""
+    kind = param_enum(n, "glu", GluOp)
+    act, pair = GLU_ACT.get(kind), GLU_PAIR.get(kind)
+    if act is None and pair is None:
         raise _unsupported(n, n.op_desc())
     a = r.read_f32(src(n, 0))
     b = _opt_f32(n, r, 1)
@@ -277,6 +287,9 @@ def _glu(n: Tensor, r: Reader) -> jnp.ndarray:
         x0, x1 = a[..., :nc], a[..., nc:]
     if param_flag(n, "swapped"):
         x0, x1 = x1, x0
+    if pair is not None:
+        return pair(n, x0, x1)
+    assert act is not None
     return act(x0) * x1
 
 
@@ -298,12 +311,13 @@ def _rope(n: Tensor, r: Reader) -> jnp.ndarray:
 
 def _soft_max(n: Tensor, r: Reader) -> jnp.ndarray:
     return soft_max_ext(r.read_f32(src(n, 0)), _opt_f32(n, r, 1), param_f32(n, "scale"),
-                        param_f32(n, "max_bias", 0.0))
+                        param_f32(n, "max_bias", 0.0), _opt_f32(n, r, 2))
 
 
 def _flash_attn_ext(n: Tensor, r: Reader) -> jnp.ndarray:
     return flash_attn_ext(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)), r.read_f32(src(n, 2)), _opt_f32(n, r, 3),
-                          param_f32(n, "scale"), param_f32(n, "max_bias", 0.0), param_f32(n, "logit_softcap", 0.0))
+                          param_f32(n, "scale"), param_f32(n, "max_bias", 0.0), param_f32(n, "logit_softcap", 0.0),
+                          _opt_f32(n, r, 4))
 
 
 def _diag_mask_inf(n: Tensor, r: Reader) -> jnp.ndarray:
@@ -362,6 +376,7 @@ KERNELS: dict[Op, Kernel] = {
     Op.CPY: Kernel(_cpy, writes_view_src=True),
     Op.CLAMP: Kernel(_clamp, writes_view_src=True),
     **MOE_KERNELS,
+    **GPTOSS_KERNELS,
 }
 
 # the ops a split's program sees writing into a tensor it did not create (toolkit.jaxrt.compile)

@@ -53,7 +53,8 @@ KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def _e8m0_to_fp32_half(e: jnp.ndarray) -> jnp.ndarray:
-    """``ggml_e8m0_to_fp32_half``: 2^(e-128) from its float32 bits (exact for the denormal e = 0, 1)."""
+    """``ggml_e8m0_to_fp32_half``: 2^(e-128) from its float32 bits (e = 0, 1 give denormals, which XLA's
+    CPU flushes to zero: scales below 2^-126 that no quantizer of real weights writes)."""
     e32 = e.astype(jnp.uint32)
     bits = jnp.where(e32 < 2, jnp.uint32(0x00200000) << e32, (e32 - 1) << 23)
     return lax.bitcast_convert_type(bits, jnp.float32)
