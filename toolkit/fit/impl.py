@@ -155,7 +155,9 @@ class _Fit:
         p = self.measure(ngl=ngl, ts=ts, ot=ot)
         self.trc("memory for test allocation by device:")
         for d, n in enumerate(per_dev):
-            self.trc(f"id={d}, n_layer={n.n_layer:2d}, n_part={n.n_part:2d}, overflow_type={n.overflow_type}, "
+            # PRIu32: ngl_t's counts are uint32_t, so an n_part taken below 0 prints wrapped (4294967295)
+            self.trc(f"id={d}, n_layer={n.n_layer % 2**32:2d}, n_part={n.n_part % 2**32:2d}, "
+                     f"overflow_type={n.overflow_type}, "
                      f"mem={p.used(d) // MiB:6d} MiB")
         return [p.used(d) for d in range(self.nd)]
 
