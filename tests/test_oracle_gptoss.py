@@ -99,3 +99,40 @@ def test_each_graph_alone(case_id: str) -> None:
 def test_registered() -> None:
     assert "gpt-oss" in archs.names()
     assert archs.get("gpt-oss").rope_type == archs.ROPE_TYPE_NEOX
+
+
+# ---- real-size presets ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("preset", "n_layer", "n_tensors", "weights_gib"), [
+    ("gpt_oss_20b", 24, 459, 11.27), ("gpt_oss_120b", 36, 687, 59.02)])
+def test_presets_at_real_size(preset: str, n_layer: int, n_tensors: int, weights_gib: float) -> None:
+    """openai/gpt-oss-20b and -120b's config.json, typed as ggml-org's GGUFs (MXFP4 experts, Q8_0 matrices):
+    3 + 19 tensors per layer, and for the 120b the 59.02 GiB llama-bench reports for ggml-org's file. The
+    graph keeps the tiny model's node count per layer (56 with flash attention, 61 without) plus 5."""
+    from toolkit.context import Context
+    from toolkit.models import ContextParams, presets
+
+    hp = presets.get(preset)
+    assert (hp.n_layer, hp.arch) == (n_layer, "gpt-oss")
+    assert round(sum(w.nbytes for w in archs.get(hp.arch).weights(hp)) / 2**30, 2) == weights_gib
+    for fa, per_layer in (("on", 56), ("off", 61)):
+        ctx = Context(hp, ContextParams(n_ctx=4096, flash_attn=fa, n_gpu_layers=0))  # type: ignore[arg-type]
+        assert ctx.setup.model.n_tensors == n_tensors
+        assert ctx.events[-1].params.max_nodes == 8 * n_tensors
+        ev = ctx.events[-1]
+        assert ev.graphs["pp"].n_nodes == ev.graphs["tg"].n_nodes == per_layer * n_layer + 5
+
+
+def test_gpt_oss_120b_on_a_24g_device_keeps_its_layers_and_moves_experts() -> None:
+    """``fit -m gpt_oss_120b --device sim:24G``: the context shrinks to --fit-ctx, every layer stays on the
+    device (-ngl 37) and the experts of layers 13.. go to the CPU, layer 13 keeping its attention only."""
+    from toolkit.args import parse_args
+    from toolkit.fit import fit_params
+    from toolkit.models import presets
+
+    r = fit_params(presets.get("gpt_oss_120b"), parse_args(["-m", "gpt_oss_120b", "--device", "sim:24G"]))
+    assert r.status == "success" and (r.fitted.c, r.fitted.ngl) == (4096, 37)
+    assert r.fitted.ot[0] == (r"blk\.13\.ffn_(gate|up|gate_up|down).*", "CPU")
+    moe = tuple((rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps", "CPU") for il in range(14, 37))
+    assert r.fitted.ot[1:] == moe
+    assert r.printed.startswith('-c 4096 -ngl 37 -ot "blk\\.13\\.ffn_(gate|up|gate_up|down).*=CPU,')

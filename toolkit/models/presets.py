@@ -1,6 +1,7 @@
 """Model shapes to plan with: the oracle's tiny and small models, and real-model-shaped ones.
 
-The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B)
+The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B, and after
+them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b)
 only take the hyperparameters of the public models (no weights): they are for planning
 buffers and splits at realistic sizes.
 """
@@ -13,7 +14,7 @@ import numpy as np
 
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import HParams, SWAParams
+from toolkit.models.hparams import HParams, RopeScaling, SWAParams
 from toolkit.models.moe import MoEParams
 
 
@@ -133,7 +134,8 @@ PRESET_LABELS: dict[str, str] = {
 
 def get(name: str) -> HParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
-    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``);
+    ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``,
+    ``gpt_oss_20b``, ``gpt_oss_120b``);
     ``name:type`` gives it another weight type (``qwen3_30b_a3b:q8_0``).
 
     >>> get("qwen3_30b_a3b:q8_0").name
@@ -184,4 +186,36 @@ def qwen3_30b_a3b(dtype: str | GGMLType = "q4_k") -> HParams:
 PRESETS["qwen3_30b_a3b"] = qwen3_30b_a3b
 
 PRESET_LABELS.update({"Mixtral-8x7B": "mixtral_8x7b", "Qwen3-30B-A3B": "qwen3_30b_a3b"})
+
+
+def _gpt_oss(n_layer: int, n_expert: int, dtype: str | GGMLType, name: str) -> HParams:
+    """The shape both published gpt-oss configs share (``config.json`` of openai/gpt-oss-20b and
+    openai/gpt-oss-120b): n_embd 2880, 64 heads (8 KV) of 64, experts of intermediate_size 2880 with 4 used
+    per token, vocab 201088, 128K context, sliding window 128 on every other layer (layer_types
+    sliding/full, starting sliding), rope_theta 150000 with YaRN factor 32 over 4096, rms_norm_eps 1e-5.
+    The weights are typed as ggml-org's gpt-oss GGUFs: the experts MXFP4 (as OpenAI released them), the
+    other matrices ``dtype`` (Q8_0 there), the router, biases, sinks and norms F32."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=n_layer, n_embd=2880, n_head=64, n_head_kv=8, n_ff=2880, n_vocab=201088,
+                   n_ctx_train=131072, n_embd_head_k_=64, n_embd_head_v_=64, rope_freq_base=150000.0, eps=1e-5,
+                   dtype=t, tensor_types={"_exps.weight": GGMLType.MXFP4}, arch="gpt-oss", name=f"{name}_{t.lower}",
+                   swa=SWAParams(128, 2), moe=MoEParams(n_expert=n_expert, n_expert_used=4, n_ff_exp=2880,
+                                                        gating="softmax_weight"),
+                   rope_scaling=RopeScaling("yarn", 32.0, 4096))
+
+
+def gpt_oss_20b(dtype: str | GGMLType = "q8_0") -> HParams:
+    """gpt-oss-20b-shaped (openai/gpt-oss-20b's config.json): 24 layers, 32 experts (see :func:`_gpt_oss`)."""
+    return _gpt_oss(24, 32, dtype, "gpt-oss-20b")
+
+
+def gpt_oss_120b(dtype: str | GGMLType = "q8_0") -> HParams:
+    """gpt-oss-120b-shaped (openai/gpt-oss-120b's config.json): 36 layers, 128 experts (see :func:`_gpt_oss`);
+    its weights are 59.02 GiB, as llama-bench reports ggml-org's gpt-oss-120b-mxfp4 file."""
+    return _gpt_oss(36, 128, dtype, "gpt-oss-120b")
+
+
+PRESETS["gpt_oss_20b"] = gpt_oss_20b
+PRESETS["gpt_oss_120b"] = gpt_oss_120b
+PRESET_LABELS.update({"gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b"})
 assert set(PRESET_LABELS.values()) == set(PRESETS)
