@@ -223,7 +223,8 @@ def test_swa_full_warns_and_sizes_the_swa_cache_fully() -> None:
 
 
 def test_build_attn_arguments() -> None:
-    """wo_b adds after the projection; kq_b, sinks and v_mla are refused by name."""
+    """wo_b adds after the projection; sinks (one per head) are the attention's extra source, a wrong
+    size is ggml's assertion; kq_b and v_mla are refused by name."""
     st = setup(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=32, devices=("CPU",)))
     b = st.builder(1024)
     lg = b.build(4, 1, 4)
@@ -237,10 +238,16 @@ def test_build_attn_arguments() -> None:
     out = b.build_attn(res, inp, wo, bias, q, k, v, None, None, None, 0.25, 0)
     assert out.op is Op.ADD and out.src[1] is bias and out.src[0].op is Op.MUL_MAT and out.src[0].src[0] is wo
     assert b.build_attn(res, inp, None, None, q, k, v, None, None, None, 0.25, 0).name == "kqv_out-0"
-    for name in ("kq_b", "sinks", "v_mla"):
-        args: dict[str, Tensor | None] = {"kq_b": None, "sinks": None, "v_mla": None, name: bias}
+    sinks = ops.new_tensor_1d(F32, 4)
+    kqv = b.build_attn(res, inp, None, None, q, k, v, None, sinks, None, 0.25, 0)
+    attn = next(n for n in res.graph.nodes if n.op in (Op.FLASH_ATTN_EXT, Op.SOFT_MAX) and sinks in n.src)
+    assert attn.src.index(sinks) == (4 if attn.op is Op.FLASH_ATTN_EXT else 2) and kqv.name == "kqv_out-0"
+    with pytest.raises(ValueError, match="sinks f32 \\[64, 1, 1, 1\\] do not fit"):
+        b.build_attn(res, inp, None, None, q, k, v, None, bias, None, 0.25, 0)
+    for name in ("kq_b", "v_mla"):
+        args: dict[str, Tensor | None] = {"kq_b": None, "v_mla": None, name: bias}
         with pytest.raises(UnsupportedFeature) as e:
-            b.build_attn(res, inp, wo, None, q, k, v, args["kq_b"], args["sinks"], args["v_mla"], 0.25, 0)
+            b.build_attn(res, inp, wo, None, q, k, v, args["kq_b"], None, args["v_mla"], 0.25, 0)
         assert e.value.feature == name
 
 

@@ -11,7 +11,8 @@ with these blocks, as llama.cpp's ``src/models/*.cpp`` do:
 - ``build_norm`` (RMS norm named ``norm``, times the weight);
 - ``build_attn`` (llama.cpp's argument list; the input's type picks the layer's cache): the
   KV-cache writes (``cpy_k``/``cpy_v``, SET_ROWS into views of the cache), the KV views, flash
-  attention (one FLASH_ATTN_EXT) or KQ → softmax → KQV, and the output projection; Q, V, K
+  attention (one FLASH_ATTN_EXT) or KQ → softmax → KQV (attention sinks: one more source of
+  either), and the output projection; Q, V, K
   (iSWA: Q, K, V) are expanded first so they are not reordered;
 - ``build_ffn``: the gated FFN (``LLM_FFN_PAR``) with SILU (SWIGLU) or GELU (GEGLU);
 - :meth:`GraphBuilder.ffn` is the per-layer FFN slot an architecture calls; another FFN

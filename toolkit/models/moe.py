@@ -16,7 +16,15 @@ The graph (softmax gating, weights normalised, no biases, separate gate and up):
     ffn_moe_up, ffn_moe_gate (MUL_MAT_ID) → ffn_moe_swiglu → ffn_moe_down (MUL_MAT_ID) → ffn_moe_weighted (MUL)
     k VIEWs [n_embd, T], then k-1 ADDs, the last named ffn_moe_out (k = 1: a CONT)
 
-That is 16 + 2k graph nodes where the dense FFN has 4.
+That is 16 + 2k graph nodes where the dense FFN has 4 (:attr:`MoEParams.nodes_per_layer`, for this path).
+
+gpt-oss's variant (``LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT``, ``norm_w = false``, biases,
+``LLM_FFN_SWIGLU_OAI_MOE``)::
+
+    ffn_moe_logits (MUL_MAT) → ffn_moe_probs (ADD of the router bias) → ffn_moe_argsort → ffn_moe_topk
+    ffn_moe_weights (GET_ROWS of the logits) → SOFT_MAX over the k → ffn_moe_weights_softmax
+    ffn_moe_gate → ffn_moe_gate_biased (ADD_ID), ffn_moe_up → ffn_moe_up_biased → ffn_moe_swiglu_oai
+      → ffn_moe_down → ffn_moe_down_biased → ffn_moe_weighted, then the k views and k-1 ADDs
 
 >>> p = MoEParams(n_expert=8, n_expert_used=2)
 >>> p.nodes_per_layer, [s for s, *_ in layer_tensors(p, n_embd=64, n_ff=128)]
