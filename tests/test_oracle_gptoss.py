@@ -136,3 +136,59 @@ def test_gpt_oss_120b_on_a_24g_device_keeps_its_layers_and_moves_experts() -> No
     moe = tuple((rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps", "CPU") for il in range(14, 37))
     assert r.fitted.ot[1:] == moe
     assert r.printed.startswith('-c 4096 -ngl 37 -ot "blk\\.13\\.ffn_(gate|up|gate_up|down).*=CPU,')
+
+
+# ---- the GGUF reader --------------------------------------------------------------------------------
+
+def test_gguf_of_the_oracle_recipe_reads_as_the_cases_model(tmp_path: Any) -> None:
+    """The tiny model written as the oracle's generator writes it (no feed_forward_length) reads back as the
+    cases' model: iSWA with period 2, YaRN, SOFTMAX_WEIGHT gating, MXFP4 experts, every tensor in place."""
+    import json
+    from pathlib import Path
+
+    from gptoss_model import recipe_of, write_model
+
+    from toolkit.models.gguf import hparams_from_gguf
+    from toolkit.models.hparams import HParams
+
+    entry = json.loads((Path(__file__).parent / "data" / "logits-gptoss.json").read_text())[0]
+    path = str(tmp_path / "m.gguf")
+    write_model(path, recipe_of(entry, n_vocab=512))
+    hp = hparams_from_gguf(path)
+    want = HParams.from_dict({**CASES["cpu-gptoss-c1024-b2048-ub512-faon"]["model"], "n_vocab": 512})
+    assert (hp.swa, hp.moe, hp.rope_scaling, hp.n_ff(0)) == (want.swa, want.moe, want.rope_scaling, 128)
+    assert [(w.name, w.ne, w.type) for w in archs.get(hp.arch).weights(hp)] == \
+        [(w.name, w.ne, w.type) for w in archs.get(want.arch).weights(want)]
+
+
+def test_a_file_with_tensors_its_architecture_does_not_create_is_refused(tmp_path: Any) -> None:
+    """llama_model_loader::done_getting_tensors: a qwen3moe file that also carries a router bias has one
+    tensor more than qwen3moe creates ("wrong number of tensors")."""
+    import gguf
+    import numpy as np
+
+    from toolkit.errors import GGUFError
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models.gguf import hparams_from_gguf
+    from toolkit.models.hparams import HParams
+    from toolkit.models.moe import MoEParams
+
+    hp = HParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=64, n_vocab=64, arch="qwen3moe",
+                 moe=MoEParams(n_expert=4, n_expert_used=2, n_ff_exp=32))
+    write_gguf(tmp_path / "a.gguf", hp, seed=1)
+    assert hparams_from_gguf(str(tmp_path / "a.gguf")).moe == hp.moe   # as written: read
+    r = gguf.GGUFReader(str(tmp_path / "a.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "qwen3moe")
+    for f in r.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(f.name, f.contents(), f.types[0], sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.add_tensor("blk.0.ffn_gate_inp.bias", np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="wrong number of tensors; expected 15, got 16"):
+        hparams_from_gguf(str(tmp_path / "b.gguf"))

@@ -106,6 +106,9 @@ class RopeScaling:
     The context's YaRN values follow ``llama_context``'s constructor with no ``--yarn-*`` flags:
     ``ext_factor`` 1, ``attn_factor`` ``get_mscale(factor, 1)`` cancelled by ``1/(1 + 0.1 ln factor)``
     (ggml's rope multiplies that back), ``beta_fast`` 32 and ``beta_slow`` 1 (``llama_hparams``' defaults).
+    With ``yarn_log_mul`` the attention factor is ``get_mscale(factor, 1) / get_mscale(factor, yarn_log_mul)``
+    (``mscale == 1``: the constructor's DeepSeek-2 exception, which takes ``mscale = yarn_log_mul``, is
+    that architecture's to add).
 
     >>> RopeScaling("yarn", 32.0, 4096).freq_scale, RopeScaling("yarn", 32.0, 4096).attn_factor
     (0.03125, 1.0)
