@@ -84,7 +84,15 @@ def test_sinks_are_one_more_source_of_the_attention() -> None:
         assert [n.src[idx].name for n in nodes] == [f"blk.{il}.attn_sinks.weight" for il in range(4)]
 
 
-@pytest.mark.parametrize("case_id", [i for i, c in CASES.items() if c["observed"]["n_copies"] == 1])
+# the pp graph alone of this pipeline-parallel case (4 copies, 2 sequences) needs 1 MiB more on the second
+# server in llama.cpp's measurement (76595200) than the toolkit's (75546624), though the compute buffers
+# after the reserves agree (test_case); not explained yet
+_GRAPH_ONLY_OPEN = "rpc2-gptoss-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon-np2-FORCEPP"
+
+
+@pytest.mark.parametrize("case_id", [
+    pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="graph-only pp size of a 4-copy case"))
+    if i == _GRAPH_ONLY_OPEN else i for i in CASES])
 def test_each_graph_alone(case_id: str) -> None:
     """What each graph needs on its own (the oracle's ``graph_only_alloc_bytes``). With flash attention
     the last layer's output ``t_h_nextn``, a graph output that is never freed, sits below the logits:
