@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from oracle_cases import cases
 
+from toolkit.ggml.types import GGMLType
 from toolkit.models import ContextParams, HParams, archs, presets
 from toolkit.models.devices import DeviceSet, make_devices
-from toolkit.models.loader import LoadedModel, layer_devices, load_model
+from toolkit.models.hparams import WeightInfo
+from toolkit.models.loader import LoadedModel, layer_devices, load_model, repack_supported
 
 
 def _load(hp: HParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
@@ -86,3 +88,13 @@ def test_devices_spec_errors() -> None:
     assert [b.name for b in ds.backends] == ["CUDA0", "BLAS", "CPU"]
     assert ds.cpu.buft.name == "CUDA_Host" and ds.accels[0].buft is ds.cpu_buft
     assert ds.gpus[0].buft.alloc_limit == 1 << 30
+
+
+@pytest.mark.parametrize(("type_", "rows", "repacked"), [
+    (GGMLType.IQ4_NL, 64, True), (GGMLType.IQ4_NL, 36, False),   # AVX2's iq4_nl_8x8_q8_0 needs rows % 8
+    (GGMLType.Q4_0, 36, False), (GGMLType.MXFP4, 64, True), (GGMLType.Q8_0, 64, False)])
+def test_repack_follows_ggml_repack_get_optimal_repack_type_on_avx2(type_: GGMLType, rows: int,
+                                                                     repacked: bool) -> None:
+    """ggml-cpu/repack.cpp at 3f545be on an AVX2 CPU (the oracle's): Q4_0, Q4_K, IQ4_NL, MXFP4 with
+    ne[1] % 8 == 0; the rows % 4 forms are NEON's; Q8_0 repacks only on NEON/RISC-V."""
+    assert repack_supported(WeightInfo("blk.0.ffn_up.weight", (256, rows), type_, 0)) is repacked

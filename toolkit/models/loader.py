@@ -67,13 +67,13 @@ def layer_devices(hp: HParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
 
 
 def repack_supported(w: WeightInfo) -> bool:
-    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0/Q4_K/MXFP4 (rows % 8,
-    ``ggml_repack_get_optimal_repack_type`` with AVX2) and IQ4_NL (rows % 4) weights (x86)."""
+    """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0, Q4_K, IQ4_NL and MXFP4
+    weights with rows % 8 on the measured x86 CPU (``ggml_repack_get_optimal_repack_type`` with AVX2:
+    ``q4_0_8x8_q8_0``, ``q4_K_8x8_q8_K``, ``iq4_nl_8x8_q8_0``, ``mxfp4_8x8_q8_0``; the rows % 4 forms
+    are ARM NEON's)."""
     if (w.op, len(w.ne)) not in (("MUL_MAT", 2), ("MUL_MAT_ID", 3)):
         return False
-    if w.type in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.MXFP4):
-        return w.ne[1] % 8 == 0
-    return w.type.name == "IQ4_NL" and w.ne[1] % 4 == 0
+    return w.type in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.MXFP4) and w.ne[1] % 8 == 0
 
 
 @dataclass
