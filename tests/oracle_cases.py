@@ -16,6 +16,8 @@ ARCH_CASES_JSON = (DATA / "cases-qwen3-gemma3.json", DATA / "cases-llama3.json")
 DUMPS = DATA / "sched-debug"
 # the third oracle's gpt-oss cases (MXFP4 experts and an F32 variant), checked by tests/test_oracle_gptoss.py
 GPTOSS_CASES_JSON = DATA / "cases-gptoss.json"
+# the third oracle's Gemma 4 cases (31B- and 26B-A4B-shaped tiny models), tests/test_oracle_gemma4.py
+GEMMA4_CASES_JSON = DATA / "cases-gemma4.json"
 
 
 @cache
@@ -24,7 +26,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in (*cases(), *arch_cases(), *gptoss_cases()):
+    for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
@@ -38,6 +40,11 @@ def arch_cases() -> list[dict[str, Any]]:
 @cache
 def gptoss_cases() -> list[dict[str, Any]]:
     return list(json.loads(GPTOSS_CASES_JSON.read_text()))
+
+
+@cache
+def gemma4_cases() -> list[dict[str, Any]]:
+    return list(json.loads(GEMMA4_CASES_JSON.read_text()))
 
 
 _RESERVE = re.compile(r"graph_reserve: reserving a graph for ubatch with n_tokens =\s*(\d+), n_seqs =\s*(\d+), "
@@ -125,8 +132,8 @@ def fmt_size(n: int) -> str:
 
 
 def debug_case_ids() -> list[str]:
-    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss) that has one."""
-    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases())}
+    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss, gemma4) that has one."""
+    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
 
 

@@ -208,6 +208,14 @@ def repeat(a: Tensor, b: Tensor) -> Tensor:
     return _op(Tensor(a.type, b.ne), Op.REPEAT, a)
 
 
+def repeat_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    """``ggml_repeat_4d``: ``a`` tiled to the given shape (each dimension a multiple of a's)."""
+    ne = (ne0, ne1, ne2, ne3)
+    if any(n % m for n, m in zip(ne, a.ne)):
+        raise _fail("repeat_4d", f"cannot repeat {list(a.ne)} to {list(ne)}")
+    return _op(Tensor(a.type, ne), Op.REPEAT, a)
+
+
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     if not 0 <= dim < 4:
         raise _fail("concat", f"dim {dim} out of range 0..3")

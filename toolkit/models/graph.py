@@ -139,15 +139,9 @@ class GraphBuilder:
         if streams is not None and not 0 <= streams[0] <= streams[1] < self.memory.n_stream:
             raise ValueError(f"streams {streams} are not within the cache's {self.memory.n_stream} stream(s)")
         res = GraphResult(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
-        cur = self.build_layers(res)
-        m = self.model
-        cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
-        self.cb(res, cur, "result_norm", -1)
-        res.embd = cur
-        assert m.output is not None
-        cur = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
-        res.logits = cur
-        res.graph.build_forward_expand(cur)
+        self.build_output(res, self.build_layers(res))
+        assert res.logits is not None and res.embd is not None
+        res.graph.build_forward_expand(res.logits)
         # llm_graph_result::set_outputs: logits, embeddings and t_h_nextn are graph outputs
         res.logits.set_output()
         res.embd.set_output()
@@ -157,6 +151,16 @@ class GraphBuilder:
 
     def build_layers(self, res: GraphResult) -> Tensor:
         raise NotImplementedError
+
+    def build_output(self, res: GraphResult, cur: Tensor) -> None:
+        """After the layers: ``result_norm`` (``res.embd``) and the output head ``result_output``
+        (``res.logits``)."""
+        m = self.model
+        cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
+        self.cb(res, cur, "result_norm", -1)
+        res.embd = cur
+        assert m.output is not None
+        res.logits = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def build_inp_embd(self, res: GraphResult) -> Tensor:
@@ -227,17 +231,18 @@ class GraphBuilder:
         """``ggml_rope_ext`` with the architecture's RoPE type, the layer's base, ``rope_freqs`` (the
         freq-factors source) if any, and the YaRN values of ``hp.rope_scaling`` if any."""
         hp = self.hp
-        factors = self.model.rope_freqs[il] if self.model.rope_freqs else None
+        factors = self.model.rope_freqs.get(il)
         ys = hp.rope_scaling
         if ys is None:
-            return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, hp.n_ctx_train, hp.rope_base(il))
+            return ops.rope_ext(x, pos, factors, hp.n_rot_at(il), self.rope_type, hp.n_ctx_train, hp.rope_base(il))
         # YaRN: cparams.n_ctx_orig_yarn, rope_freq_scale, yarn_ext_factor, yarn_attn_factor, yarn_beta_*
-        return ops.rope_ext(x, pos, factors, hp.n_rot, self.rope_type, ys.orig_ctx or hp.n_ctx_train,
+        return ops.rope_ext(x, pos, factors, hp.n_rot_at(il), self.rope_type, ys.orig_ctx or hp.n_ctx_train,
                             hp.rope_base(il), ys.freq_scale, ys.ext_factor, ys.attn_factor, ys.beta_fast,
                             ys.beta_slow)
 
     def build_attn(self, res: GraphResult, inp: InputAttnKV | InputAttnKVISWA, wo: Tensor | None,
-                   wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_b: Tensor | None,
+                   wo_b: Tensor | None, q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None,
+                   kq_b: Tensor | None,
                    sinks: Tensor | None, v_mla: Tensor | None, kq_scale: float, il: int, *,
                    wo_s: Tensor | None = None) -> Tensor:
         """``llm_graph_context::build_attn``: store K and V, attend, project (kqv_out, wo, wo_s, wo_b).
@@ -257,10 +262,14 @@ class GraphBuilder:
         gf = res.graph
         kv = inp.layer_input(il)
         gf.build_forward_expand(q_cur)
-        for t in inp.expand_order(k_cur, v_cur):
-            gf.build_forward_expand(t)
-        gf.build_forward_expand(self._cpy_k(kv.cache, k_cur, kv.k_idxs, il))
-        gf.build_forward_expand(self._cpy_v(kv.cache, v_cur, kv.v_idxs, il))
+        if k_cur is not None and v_cur is not None:
+            for t in inp.expand_order(k_cur, v_cur):
+                gf.build_forward_expand(t)
+        # K and V None: a layer that reads an earlier layer's cache (layer_reuse_cb) stores nothing
+        if k_cur is not None:
+            gf.build_forward_expand(self._cpy_k(kv.cache, k_cur, kv.k_idxs, il))
+        if v_cur is not None:
+            gf.build_forward_expand(self._cpy_v(kv.cache, v_cur, kv.v_idxs, il))
         k = self._get_k(res, kv.cache, il)
         v = self._get_v(res, kv.cache, il)
         cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale, sinks)
@@ -295,7 +304,8 @@ class GraphBuilder:
             cur = cb(res, ops.geglu_split(cur, tmp), "ffn_geglu", il)
         else:
             raise ValueError(f"FFN activation {act!r} is not built; known: silu, gelu")
-        return cb(res, ops.mul_mat(m.w(p + "ffn_down.weight"), cur), "ffn_down", il)
+        # llama.cpp names the product "ffn_down" only with a down bias; the caller names what it returns
+        return ops.mul_mat(m.w(p + "ffn_down.weight"), cur)
 
     # ---- the KV cache (llama_kv_cache::cpy_k / cpy_v / get_k / get_v) ----------------------------
     def _cpy_k(self, kv: KVCache, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
@@ -325,7 +335,7 @@ class GraphBuilder:
         k = kv.k_of(il)
         hp = self.hp
         t = k.type
-        H, n_kv = hp.n_embd_head_k, kv.kv_size
+        H, n_kv = hp.n_embd_head_k_at(il), kv.kv_size
         s0, ns = _stream_range(res, kv)
         stream = t.row_size(k.ne[0] * n_kv)
         return ops.view_4d(k, H, hp.n_head_kv(il), n_kv, ns, t.row_size(H), t.row_size(k.ne[0]), stream, stream * s0)
@@ -334,7 +344,7 @@ class GraphBuilder:
         v = kv.v_of(il)
         hp = self.hp
         t = v.type
-        H, n_kv = hp.n_embd_head_v, kv.kv_size
+        H, n_kv = hp.n_embd_head_v_at(il), kv.kv_size
         s0, ns = _stream_range(res, kv)
         stream = t.row_size(n_kv * v.ne[0])
         if not kv.v_trans:

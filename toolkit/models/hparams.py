@@ -62,6 +62,11 @@ class SWAParams:
     pattern: int = 0
     rope_freq_base: float | None = None
     layers: tuple[bool, ...] | None = None
+    # the SWA layers' own head geometry (``attention.key_length_swa``, ``attention.value_length_swa``,
+    # ``rope.dimension_count_swa``: ``n_embd_head_k_swa`` & co.); None: the model's
+    n_embd_head_k: int | None = None
+    n_embd_head_v: int | None = None
+    n_rot: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window <= 0:
@@ -74,6 +79,9 @@ class SWAParams:
             object.__setattr__(self, "layers", tuple(bool(x) for x in self.layers))
         if self.rope_freq_base is not None:
             object.__setattr__(self, "rope_freq_base", float(self.rope_freq_base))
+        for f, v in self.heads().items():
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ToolkitError(f"sliding-window layers' {f} {v!r} must be a positive integer")
 
     def is_swa(self, il: int) -> bool:
         if self.layers is not None:
@@ -86,15 +94,24 @@ class SWAParams:
                                "rope_freq_base_swa": self.rope_freq_base}
         if self.layers is not None:
             out["layers"] = list(self.layers)
+        out.update({f: v for f, v in self.heads().items() if v is not None})
         return out
+
+    def heads(self) -> dict[str, int | None]:
+        """The SWA layers' head geometry as set (None: the model's)."""
+        return {"n_embd_head_k": self.n_embd_head_k, "n_embd_head_v": self.n_embd_head_v, "n_rot": self.n_rot}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SWAParams:
         """From a model dict's ``swa`` entry (``window``, ``pattern``, ``rope_freq_base_swa``, ``layers``)."""
         base = d.get("rope_freq_base_swa")
         layers = d.get("layers")
+        def opt(k: str) -> int | None:
+            return None if d.get(k) is None else int(d[k])
+
         return cls(int(d["window"]), int(d.get("pattern", 0)), None if base is None else float(base),
-                   None if layers is None else tuple(bool(x) for x in layers))
+                   None if layers is None else tuple(bool(x) for x in layers), opt("n_embd_head_k"),
+                   opt("n_embd_head_v"), opt("n_rot"))
 
 
 @dataclass(frozen=True)
@@ -192,6 +209,8 @@ class WeightInfo:
     layer: int
     # the op that consumes the weight, which decides its buffer type on CPU (llama's weight_buft_supported)
     op: str = "MUL_MAT"
+    # rope_freqs.weight: the layers that read it, each creating it in its buffer type (None: every layer)
+    layers: tuple[int, ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -226,6 +245,10 @@ class HParams:
     swa: SWAParams | None = None        # the sliding window of iSWA models
     moe: MoEParams | None = None        # experts (build_moe_ffn) instead of the dense FFN
     rope_scaling: RopeScaling | None = None  # rope.scaling.* (YaRN)
+    n_kv_shared: int = 0                # attention.shared_kv_layers: the last layers read an earlier cache
+    n_embd_per_layer: int = 0           # embedding_length_per_layer_input (Gemma 4's per-layer embeddings)
+    final_logit_softcapping: float = 0.0  # final_logit_softcapping; 0: none
+    attn_v_full: bool = True            # the full-attention layers have attn_v (False: V = K, Gemma 4)
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -235,7 +258,8 @@ class HParams:
                  tensor_types: Mapping[str, GGMLType | str] | None = None, name: str = "llama", arch: str = "llama",
                  rope_freqs: Sequence[float] | None = None, swa: SWAParams | None = None,
                  moe: MoEParams | None = None, rope_scaling: RopeScaling | None = None,
-                 n_head_arr: PerLayer | None = None,
+                 n_kv_shared: int = 0, n_embd_per_layer: int = 0, final_logit_softcapping: float = 0.0,
+                 attn_v_full: bool = True, n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
@@ -258,7 +282,9 @@ class HParams:
                        ("dtype", GGMLType.parse(dtype)),
                        ("tensor_types", {k2: GGMLType.parse(v2) for k2, v2 in dict(tensor_types or {}).items()}),
                        ("name", name), ("arch", arch), ("rope_freqs", rope_freqs), ("swa", swa), ("moe", moe),
-                       ("rope_scaling", rope_scaling)):
+                       ("rope_scaling", rope_scaling), ("n_kv_shared", n_kv_shared),
+                       ("n_embd_per_layer", n_embd_per_layer),
+                       ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full)):
             s(self, k, val)
         self._check()
 
@@ -274,6 +300,12 @@ class HParams:
             if len(rf) != self.n_rot // 2:
                 raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)
+        for f, v in (("n_kv_shared", self.n_kv_shared), ("n_embd_per_layer", self.n_embd_per_layer)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ToolkitError(f"{f} must be an integer >= 0, got {v!r}")
+        if self.n_kv_shared >= self.n_layer:
+            raise ToolkitError(f"n_kv_shared={self.n_kv_shared} must be below n_layer={self.n_layer} "
+                               "(the first layers keep their own cache)")
         if self.swa is not None and self.swa.layers is not None and len(self.swa.layers) != self.n_layer:
             raise ToolkitError(f"the sliding window has {len(self.swa.layers)} per-layer flags; "
                                f"n_layer={self.n_layer} needs {self.n_layer}")
@@ -303,11 +335,30 @@ class HParams:
     def n_rot(self) -> int:
         return self.n_rot_ if self.n_rot_ is not None else self.n_embd_head_k
 
+    def _swa_head(self, il: int, v: int | None, full: int) -> int:
+        return v if v is not None and self.is_swa(il) else full
+
+    def n_embd_head_k_at(self, il: int) -> int:
+        """``llama_hparams::n_embd_head_k(il)``: ``n_embd_head_k_swa`` on SWA layers when the model sets it."""
+        return self._swa_head(il, self.swa.n_embd_head_k if self.swa else None, self.n_embd_head_k)
+
+    def n_embd_head_v_at(self, il: int) -> int:
+        """``llama_hparams::n_embd_head_v(il)``."""
+        return self._swa_head(il, self.swa.n_embd_head_v if self.swa else None, self.n_embd_head_v)
+
+    def n_rot_at(self, il: int) -> int:
+        """``llama_hparams::n_rot(il)``: ``n_rot_swa`` on SWA layers when the model sets it."""
+        return self._swa_head(il, self.swa.n_rot if self.swa else None, self.n_rot)
+
     def n_embd_k_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_k * self.n_head_kv(il)
+        return self.n_embd_head_k_at(il) * self.n_head_kv(il)
 
     def n_embd_v_gqa(self, il: int = 0) -> int:
-        return self.n_embd_head_v * self.n_head_kv(il)
+        return self.n_embd_head_v_at(il) * self.n_head_kv(il)
+
+    def has_kv(self, il: int) -> bool:
+        """``llama_hparams::has_kv``: layer il writes its own K/V (``il < n_layer_kv_from_start``)."""
+        return il < self.n_layer - self.n_kv_shared
 
     def n_embd_k_gqa_max(self) -> int:
         return max(self.n_embd_k_gqa(il) for il in range(self.n_layer))
@@ -395,6 +446,9 @@ class HParams:
                 # YaRN is a RoPE op parameter; Llama-3.x's "llama3" scaling is the rope_freqs tensor above
                 rope_scaling=RopeScaling.from_dict(d["rope_scaling"])
                 if (d.get("rope_scaling") or {}).get("type") == "yarn" else None,
+                n_kv_shared=int(d.get("n_kv_shared", 0) or 0), n_embd_per_layer=int(d.get("n_embd_per_layer", 0) or 0),
+                final_logit_softcapping=float(d.get("final_logit_softcapping", 0.0) or 0.0),
+                attn_v_full=bool(d.get("attn_v_full", True)),
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -414,6 +468,10 @@ class HParams:
             **({"swa": self.swa.to_dict()} if self.swa is not None else {}),
             **(self.moe.to_dict() if self.moe is not None else {}),
             **({"rope_scaling": self.rope_scaling.to_dict()} if self.rope_scaling is not None else {}),
+            **({"n_kv_shared": self.n_kv_shared} if self.n_kv_shared else {}),
+            **({"n_embd_per_layer": self.n_embd_per_layer} if self.n_embd_per_layer else {}),
+            **({"final_logit_softcapping": self.final_logit_softcapping} if self.final_logit_softcapping else {}),
+            **({} if self.attn_v_full else {"attn_v_full": False}),
         }
 
 

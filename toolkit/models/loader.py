@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -88,7 +89,7 @@ class LoadedModel:
     buffers_bytes: dict[str, int] = field(default_factory=dict)
     tensor_overrides: list[overrides.TensorOverride] = field(default_factory=list)  # weights moved by -ot & co.
     override_rules: list[overrides.OverrideRule] = field(default_factory=list)
-    rope_freqs: list[Tensor] = field(default_factory=list)  # per repeating layer: its buffer type's copy
+    rope_freqs: dict[int, Tensor] = field(default_factory=dict)  # per layer that reads it: its buffer type's copy
 
     def layer_backend(self, il: int) -> Backend:
         """The backend of layer il's device (the CPU backend for CPU layers)."""
@@ -110,17 +111,33 @@ class LoadedModel:
     def n_tensors(self) -> int:
         """``llama_model::n_tensors()``: the distinct weight tensors (a tied output counts when duplicated)."""
         return len({id(t) for t in self.tensors.values()} | ({id(self.output)} if self.output is not None else set())
-                   | {id(t) for t in self.rope_freqs})
+                   | {id(t) for t in self.rope_freqs.values()})
 
 
-def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo]) -> LoadedModel:
+# the per-tensor / per-expert scales llama_model's generic pass creates after load_arch_tensors
+# (every "<weight>.scale" of a layer but the ones an architecture creates itself, as gemma4's router scale)
+_GENERIC_SCALE = re.compile(r"^blk\.\d+\.(?!ffn_gate_inp\.)\w+\.scale$")
+
+
+def creation_order(infos: Sequence[WeightInfo]) -> list[WeightInfo]:
+    """The order ``llama_model::load_tensors`` creates the file's tensors in (which the tensor-override log
+    follows): ``load_arch_tensors``' order, then the generic pass over the layers that loads the optional
+    ``.scale`` tensors (``ffn_down_exps.scale`` & co.)."""
+    late = [w for w in infos if _GENERIC_SCALE.match(w.name)]
+    return [w for w in infos if w not in late] + late
+
+
+def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo], *,
+               tied_output_first: bool = False) -> LoadedModel:
     """Place every weight (llama_model::load_tensors) and size the model buffers; ``infos`` are the file's
     tensors in file order (the architecture's :meth:`~toolkit.models.archs.Architecture.weights`).
 
     Two tensors are ``TENSOR_DUPLICATED`` there, and ``create_tensor`` reuses a duplicate only
     inside the same buffer type: the tied output (``token_embd`` again, in the output layer's
     buffer type) and ``rope_freqs.weight`` (once per buffer type of the repeating layers).
-    Each copy counts in ``n_tensors``.
+    Each copy counts in ``n_tensors``. ``tied_output_first``: the architecture creates the tied output
+    before ``token_embd`` (gemma4's ``load_arch_tensors``), so the duplicate finds no tensor to reuse and
+    is its own tensor even in the same buffer type.
     """
     model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
     n_layer = hp.n_layer
@@ -159,15 +176,15 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
     # (info, buffer name, file key, tensors key): one entry per tensor llama.cpp creates
     placed: list[tuple[WeightInfo, str, str, str]] = []
     rope_copy: dict[str, str] = {}                    # buffer name -> tensors key of its rope_freqs copy
-    rope_of_layer: list[str] = []
-    for w in infos:
+    rope_of_layer: dict[int, str] = {}
+    for w in creation_order(infos):
         if w.layer == ROPE_FREQS_LAYER:
-            for il in range(n_layer):
+            for il in (range(n_layer) if w.layers is None else w.layers):
                 name = buf_of(w, home(il))
                 if name not in rope_copy:
                     rope_copy[name] = w.name if not rope_copy else f"{w.name}@{name}"
                     placed.append((w, name, w.name, rope_copy[name]))
-                rope_of_layer.append(rope_copy[name])
+                rope_of_layer[il] = rope_copy[name]
             continue
         placed.append((w, buf_of(w, home(w.layer)), w.name, w.name))
     if hp.tied:
@@ -175,7 +192,7 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
         out_w = WeightInfo("output.weight", tok.ne, tok.type, n_layer, "MUL_MAT")
         name = buf_of(out_w, home(n_layer))
         tok_name = next(n for i, n, _, _ in placed if i.name == tok.name)
-        if name != tok_name:   # same buffer type: create_tensor returns token_embd itself
+        if name != tok_name or tied_output_first:   # same buffer type: create_tensor returns token_embd
             placed.append((out_w, name, tok.name, "output.weight"))
     sizes: dict[str, int] = {}
     spans: dict[str, list[int]] = {}
@@ -196,7 +213,7 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
         t.buffer = buffers[name]
         model.tensors[tkey] = t
     model.output = model.tensors.get("output.weight", model.tensors["token_embd.weight"])
-    model.rope_freqs = [model.tensors[k] for k in rope_of_layer]
+    model.rope_freqs = {il: model.tensors[k] for il, k in rope_of_layer.items()}
     order = [b.name for b in devs.gpus]
     model.buffers_bytes = dict(sorted(sizes.items(), key=lambda kv: (kv[0] in order, kv[0])))
     return model

@@ -206,6 +206,7 @@ class KVCache:
     n_swa: int = 0
     type_k: GGMLType = GGMLType.F16
     type_v: GGMLType = GGMLType.F16
+    reuse: dict[int, int] = field(default_factory=dict)   # layer -> the earlier layer whose cache it reads
     heads: list[int] = field(init=False, repr=False)
     slot: SlotInfo | None = field(default=None, init=False, repr=False)  # the last applied ubatch's
     _cells: list[KVCells] | None = field(default=None, init=False, repr=False)
@@ -234,15 +235,15 @@ class KVCache:
         return [*self.k, *(self.v or [])]
 
     def holds(self, il: int) -> bool:
-        return il in self.layers
+        return il in self.layers or il in self.reuse
 
     def k_of(self, il: int) -> Tensor:
-        return self.k[self.layers.index(il)]
+        return self.k[self.layers.index(self.reuse.get(il, il))]
 
     def v_of(self, il: int) -> Tensor:
         if self.v is None:
             raise ValueError(f"the {self.kind} KV cache holds no V (K-only cache); layer {il} has no V tensor")
-        return self.v[self.layers.index(il)]
+        return self.v[self.layers.index(self.reuse.get(il, il))]
 
     @property
     def n_embd_v_gqa(self) -> int:
@@ -402,12 +403,15 @@ class KVCache:
 def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool,
                   layers: list[int] | None = None, kv_size: int | None = None, kind: str = "single",
                   group: str = GROUP_KV, n_swa: int = 0, has_v: bool = True) -> KVCache:
-    """One ``llama_kv_cache`` over ``layers`` (default: all) with ``kv_size`` cells per stream."""
+    """One ``llama_kv_cache`` over ``layers`` (default: all) with ``kv_size`` cells per stream; a layer
+    that ``layer_reuse`` maps to an earlier one gets no tensors and reads that layer's."""
     hp = model.hparams
     devs = model.devices
     kv_size = rp.kv_size if kv_size is None else kv_size
     n_stream = rp.n_stream
     layers = list(range(hp.n_layer)) if layers is None else layers
+    reuse = {il: src for il, src in layer_reuse(hp).items() if il in layers}
+    layers = [il for il in layers if il not in reuse]
     ks: list[Tensor] = []
     vs: list[Tensor] = []
     sizes: dict[str, int] = {}
@@ -438,7 +442,21 @@ def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
     for t, name in zip(vs, names):
         t.buffer = buffers[name]
     return KVCache(ks, vs if has_v else None, kv_size, n_stream, not flash_attn, sizes, k_bytes, v_bytes,
-                   tuple(layers), kind, group, rp.n_seq_max, n_swa, rp.type_k, rp.type_v)
+                   tuple(layers), kind, group, rp.n_seq_max, n_swa, rp.type_k, rp.type_v, reuse)
+
+
+def layer_reuse(hp: HParams) -> dict[int, int]:
+    """``llama_model::create_memory``'s ``layer_reuse_cb`` (Gemma 3n / Gemma 4): a layer from
+    ``n_layer_kv_from_start = n_layer - n_kv_shared`` on reads the cache of the last layer of its kind
+    before that point (``n_layer_kv_from_start - 2`` for SWA layers, ``- 1`` for full ones). No measured
+    case pins it: the oracle's tiny Gemma 4 models share nothing."""
+    start = hp.n_layer - hp.n_kv_shared
+    if not hp.n_kv_shared:
+        return {}
+    if start < 2:
+        raise ParameterError("n_kv_shared", hp.n_kv_shared, f"at most n_layer - 2 = {hp.n_layer - 2} "
+                             "(layer_reuse_cb asserts n_layer_kv_from_start >= 2)")
+    return {il: start - (2 if hp.is_swa(il) else 1) for il in range(start, hp.n_layer)}
 
 
 def swa_cache_size(hp: HParams, rp: ResolvedParams, *, swa_full: bool, unified: bool) -> int:

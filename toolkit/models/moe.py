@@ -58,6 +58,7 @@ GATING_FUNCS = (GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT)
 # llm_ffn_op_type of the experts: LLM_FFN_SILU (SWIGLU of gate and up) and LLM_FFN_SWIGLU_OAI_MOE
 FFN_SILU = "silu"
 FFN_SWIGLU_OAI = "swiglu_oai"
+FFN_GELU = "gelu"         # LLM_FFN_GELU: GEGLU of gate and up (Gemma 4)
 # build_moe_ffn's constants for LLM_FFN_SWIGLU_OAI_MOE ("TODO: move to hparams?")
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
@@ -169,10 +170,13 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
                      n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0))
 
 
-def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,
-                  down_exps: Tensor, p: MoEParams, il: int, *, gate_inp_b: Tensor | None = None,
-                  up_exps_b: Tensor | None = None, gate_exps_b: Tensor | None = None,
-                  down_exps_b: Tensor | None = None, type_op: str = FFN_SILU, norm_w: bool = True) -> Tensor:
+def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None, up_exps: Tensor | None,
+                  gate_exps: Tensor | None, down_exps: Tensor, p: MoEParams, il: int, *,
+                  gate_inp_b: Tensor | None = None, up_exps_b: Tensor | None = None,
+                  gate_exps_b: Tensor | None = None, down_exps_b: Tensor | None = None, type_op: str = FFN_SILU,
+                  norm_w: bool = True, probs_in: Tensor | None = None, gate_up_exps: Tensor | None = None,
+                  up_exps_s: Tensor | None = None, gate_exps_s: Tensor | None = None,
+                  down_exps_s: Tensor | None = None) -> Tensor:
     """``build_moe_ffn(cur, gate_inp, gate_inp_b, up_exps, up_exps_b, gate_exps, gate_exps_b, down_exps,
     down_exps_b, …, type_op, norm_w, expert_weights_scale, gating_op, il)`` for ``cur`` ``[n_embd, n_tokens]``;
     returns ``ffn_moe_out``.
@@ -184,13 +188,24 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
     up (+ ``up_exps_b`` through ADD_ID), gate (+ ``gate_exps_b``), the activation (``type_op``:
     ``silu`` SWIGLU or ``swiglu_oai`` with alpha 1.702 and limit 7), down (+ ``down_exps_b``), weighted,
     and the sum over the k views. Shared experts, selection biases and expert groups are not built.
+
+    Gemma 4's branches: ``probs_in`` (router logits the architecture computed, used instead of
+    ``ffn_moe_logits``), ``gate_up_exps`` (one merged ``[n_embd, 2 n_ff_exp, n_expert]`` tensor whose
+    product is viewed as gate, then up), the per-expert scales ``up_exps_s`` / ``gate_exps_s`` /
+    ``down_exps_s`` (``build_lora_mm_id``: ``[n_expert]`` reshaped, repeated over the tokens, picked by
+    the selected experts and multiplied in) and ``type_op`` ``gelu`` (GEGLU of gate and up).
     """
-    if type_op not in (FFN_SILU, FFN_SWIGLU_OAI):
+    if type_op not in (FFN_SILU, FFN_SWIGLU_OAI, FFN_GELU):
         raise UnsupportedFeature(f"expert activation {type_op}", f"build_moe_ffn's type_op {type_op!r} is not "
-                                 f"implemented (implemented: {FFN_SILU}, {FFN_SWIGLU_OAI})")
+                                 f"implemented (implemented: {FFN_SILU}, {FFN_SWIGLU_OAI}, {FFN_GELU})")
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     n_expert, k = p.n_expert, p.n_expert_used
-    logits = cb(ops.mul_mat(gate_inp, cur), "ffn_moe_logits", il)          # [n_expert, n_tokens]
+    if probs_in is None:
+        if gate_inp is None:
+            raise ValueError(f"build_moe_ffn needs gate_inp or probs_in (layer {il})")
+        logits = cb(ops.mul_mat(gate_inp, cur), "ffn_moe_logits", il)      # [n_expert, n_tokens]
+    else:
+        logits = probs_in
     if gate_inp_b is not None:
         logits = cb(ops.add(logits, gate_inp_b), "ffn_moe_logits_biased", il)
     probs = ops.soft_max(logits) if p.gating == GATING_SOFTMAX else logits  # SOFTMAX_WEIGHT: probs = logits
@@ -215,17 +230,37 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
         weights = cb(ops.scale(weights, p.weights_scale), "ffn_moe_weights_scaled", il)
     gf.build_forward_expand(weights)
     cur = ops.reshape_3d(cur, n_embd, 1, n_tokens)
-    up = cb(ops.mul_mat_id(up_exps, cur, selected), "ffn_moe_up", il)        # [n_ff_exp, k, n_tokens]
-    if up_exps_b is not None:
-        up = cb(ops.add_id(up, up_exps_b, selected), "ffn_moe_up_biased", il)
-    gate = cb(ops.mul_mat_id(gate_exps, cur, selected), "ffn_moe_gate", il)
-    if gate_exps_b is not None:
-        gate = cb(ops.add_id(gate, gate_exps_b, selected), "ffn_moe_gate_biased", il)
+    if gate_up_exps is not None:
+        gate_up = cb(_mm_id(gate_up_exps, cur, selected, up_exps_s), "ffn_moe_gate_up", il)  # [2 n_ff, k, T]
+        if up_exps_s is not None:
+            cb(gate_up, "ffn_moe_gate_up_scaled", il)
+        n_ff = gate_up.ne[0] // 2
+        gate = cb(ops.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2], 0),
+                  "ffn_moe_gate", il)
+        up = cb(ops.view_3d(gate_up, n_ff, gate_up.ne[1], gate_up.ne[2], gate_up.nb[1], gate_up.nb[2],
+                            n_ff * gate_up.nb[0]), "ffn_moe_up", il)
+    else:
+        if up_exps is None or gate_exps is None:
+            raise ValueError(f"build_moe_ffn needs up_exps and gate_exps, or gate_up_exps (layer {il})")
+        up = cb(_mm_id(up_exps, cur, selected, up_exps_s), "ffn_moe_up", il)  # [n_ff_exp, k, n_tokens]
+        if up_exps_s is not None:
+            cb(up, "ffn_moe_up_scaled", il)
+        if up_exps_b is not None:
+            up = cb(ops.add_id(up, up_exps_b, selected), "ffn_moe_up_biased", il)
+        gate = cb(_mm_id(gate_exps, cur, selected, gate_exps_s), "ffn_moe_gate", il)
+        if gate_exps_s is not None:
+            cb(gate, "ffn_moe_gate_scaled", il)
+        if gate_exps_b is not None:
+            gate = cb(ops.add_id(gate, gate_exps_b, selected), "ffn_moe_gate_biased", il)
     if type_op == FFN_SWIGLU_OAI:
         act = cb(ops.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT), "ffn_moe_swiglu_oai", il)
+    elif type_op == FFN_GELU:
+        act = cb(ops.geglu_split(gate, up), "ffn_moe_geglu", il)
     else:
         act = cb(ops.swiglu_split(gate, up), "ffn_moe_swiglu", il)
-    experts = cb(ops.mul_mat_id(down_exps, act, selected), "ffn_moe_down", il)  # [n_embd, k, n_tokens]
+    experts = cb(_mm_id(down_exps, act, selected, down_exps_s), "ffn_moe_down", il)  # [n_embd, k, n_tokens]
+    if down_exps_s is not None:
+        cb(experts, "ffn_moe_down_scaled", il)
     if down_exps_b is not None:
         experts = cb(ops.add_id(experts, down_exps_b, selected), "ffn_moe_down_biased", il)
     experts = cb(ops.mul(experts, weights), "ffn_moe_weighted", il)
@@ -241,6 +276,17 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exp
     if k == 1:
         out = ops.cont(out)  # avoid returning a non-contiguous tensor
     return cb(out, "ffn_moe_out", il)
+
+
+def _mm_id(w: Tensor, cur: Tensor, ids: Tensor, w_s: Tensor | None) -> Tensor:
+    """``build_lora_mm_id``: MUL_MAT_ID, times the per-expert scale ``w_s`` ``[n_expert]`` when given
+    (reshaped to ``[1, n_expert, 1]``, repeated over the tokens, the selected rows picked)."""
+    res = ops.mul_mat_id(w, cur, ids)
+    if w_s is not None:
+        s = ops.reshape_3d(w_s, 1, w_s.ne[0], 1)
+        s = ops.repeat_4d(s, 1, w_s.ne[0], cur.ne[2], 1)
+        res = ops.mul(res, ops.get_rows(s, ids))
+    return res
 
 
 @dataclass(frozen=True)

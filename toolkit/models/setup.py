@@ -143,7 +143,7 @@ def setup(hp: HParams, cp: ContextParams, backends: list[Backend] | None = None,
             else devices_from_backends(list(backends))
     fa = cp.flash_attn != "off"
     check_kv_types(hp, rp, fa)
-    model = load_model(hp, cp, devs, arch.weights(hp))
+    model = load_model(hp, cp, devs, arch.weights(hp), tied_output_first=arch.tied_output_first)
     memory = create_memory(model, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
                            unified=cp.kv_unified, kind=arch.memory)
     warnings = list(memory.warnings)

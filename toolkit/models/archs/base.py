@@ -73,6 +73,8 @@ class Architecture(abc.ABC):
     rope_type: int
     qk_norm: bool = False
     memory: str = MEMORY_KV
+    # load_arch_tensors creates the tied output (TENSOR_DUPLICATED) before token_embd: always its own tensor
+    tied_output_first: bool = False
 
     @abc.abstractmethod
     def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:

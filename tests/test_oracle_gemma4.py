@@ -1,0 +1,133 @@
+"""Gemma 4 (``LLM_ARCH_GEMMA4``) against llama.cpp: the third oracle's two tiny models, every field compared.
+
+The cases (tests/data/cases-gemma4.json) were printed by llama.cpp 3f545be for ``tiny_gemma4_f32`` (28 cases:
+the Gemma-4-31B structure, 6 layers with the window pattern [T,T,T,T,T,F]; SWA layers with heads of 32 and 2
+KV heads, the full layer with heads of 64, 1 KV head and no ``attn_v`` (V = K); ``rope_freqs`` on the full
+layer, the layer output scale, a final logit softcap of 30, tied output) and ``tiny_gemma4moe_f32`` (31 cases:
+the 26B-A4B structure, the same plus on every layer a routed MoE of 8 experts, 2 used, beside the dense MLP,
+with a router scale, merged ``ffn_gate_up_exps`` and a per-expert ``ffn_down_exps.scale``). The model dicts
+carry the hyperparameters llama.cpp's print_info lists for the oracle's recipe; the recorded command lines
+name the RPC servers 127.0.0.1:50062/50063 while every log line shows 50052/50053, and the cases file carries
+the ports of the log lines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+from typing import Any
+
+import pytest
+from oracle_cases import gemma4_cases
+
+from toolkit.cases import context_from_case, plan_case
+from toolkit.models import archs
+from toolkit.models.hparams import HParams
+
+FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes", "kv_bytes",
+          "kv_buffers_bytes", "model_buffers_bytes", "output_buffer_bytes", "n_copies", "pipeline_parallel",
+          "max_nodes", "n_tensors", "n_backends", "flash_attn_effective", "warnings")
+KV_FIELDS = ("cache", "cells", "layers", "n_stream", "size_k_bytes", "size_v_bytes", "buffers")
+OVERRIDE_FIELDS = ("tensor", "type", "buft", "bytes")
+CASES = {c["id"]: c for c in gemma4_cases()}
+IDS = list(CASES)
+
+
+@cache
+def _planned(case_id: str) -> dict[str, Any]:
+    return plan_case(CASES[case_id])
+
+
+def test_cases_present() -> None:
+    assert Counter(c["arch_key"] for c in CASES.values()) == {"gemma4": 28, "gemma4moe": 31}
+    assert all(c["model"]["arch"] == "gemma4" for c in CASES.values())
+
+
+@pytest.mark.parametrize("case_id", IDS)
+def test_case(case_id: str) -> None:
+    """Graph nodes and splits (pp, tg), every compute buffer (zero-sized ones too), KV bytes per cache
+    and per buffer, model and output buffers, n_copies, the pipeline flag, max_nodes, n_tensors,
+    layer placement and the tensor overrides in llama.cpp's order."""
+    obs = CASES[case_id]["observed"]
+    assert obs["rc"] == 0
+    got = _planned(case_id)
+    assert "error" not in got, got.get("error")
+    for f in FIELDS:
+        assert got[f] == obs[f], (f, got[f], obs[f])
+    assert [list(x) for x in got["layer_devices"]] == [list(x)[:2] for x in obs["layer_devices"]]
+    assert got["kv_caches"] == [{k: kc[k] for k in KV_FIELDS} for kc in obs["kv_caches"]]
+    assert got["tensor_overrides"] == [{k: o[k] for k in OVERRIDE_FIELDS} for o in obs["tensor_overrides"]]
+
+
+# on two servers with flash attention the second server's graph alone needs two n_embd x n_tokens F32
+# tensors less in llama.cpp (pp 512 KiB, tg 1 KiB) than here, though the compute buffers after the
+# reserves agree (test_case); not explained yet (the output norm h_nextn is a graph output there too)
+_GRAPH_ONLY_OPEN = {
+    "rpc2-gemma4-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon",
+    "rpc2-gemma4-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon-FORCEPP",
+    "rpc2-gemma4-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon-np2-FORCEPP",
+    "rpc2-gemma4-ngl99-sm_layer-ts1_1-c256-b512-ub512-faon-DEBUG",
+    "rpc2-gemma4moe-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon-FORCEPP",
+    "rpc2-gemma4moe-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon-np2-FORCEPP",
+    "rpc2-gemma4moe-ngl99-ncmoe1-sm_layer-ts1_1-c256-b512-ub512-faon-DEBUG",
+}
+
+
+@pytest.mark.parametrize("case_id", [
+    pytest.param(i, marks=pytest.mark.xfail(strict=True, reason="graph-only size on the second of two servers"))
+    if i in _GRAPH_ONLY_OPEN else i for i in CASES])
+def test_each_graph_alone(case_id: str) -> None:
+    """What each graph needs on its own (the oracle's ``graph_only_alloc_bytes``)."""
+    c = CASES[case_id]
+    ev = context_from_case(c).events[-1]
+    only = {(g["graph"], g["backend"]): g["bytes"] for g in c["observed"]["graph_only_alloc_bytes"]}
+    for b in ev.buffers:
+        assert b.needed == {"pp": only[("pp", b.backend)], "tg": only[("tg", b.backend)]}, b.backend
+
+
+def test_per_layer_head_geometry_sizes_the_kv() -> None:
+    """The full layer: 1 KV head of 64 (K and V = K both stored); the SWA layers: 2 heads of 32, at 768 cells
+    (min(n_ctx, 128 + 512) padded to 256)."""
+    kv = {k["cache"]: k for k in _planned("cpu-gemma4-c1024-b2048-ub512-faoff")["kv_caches"]}
+    assert kv["non-SWA"]["size_k_bytes"] == kv["non-SWA"]["size_v_bytes"] == 1 * 1 * 64 * 1024 * 2
+    assert kv["SWA"]["size_k_bytes"] == kv["SWA"]["size_v_bytes"] == 5 * 2 * 32 * 768 * 2
+
+
+def test_the_tied_output_is_its_own_tensor() -> None:
+    """``load_arch_tensors`` creates the output (``token_embd`` with TENSOR_DUPLICATED) before ``token_embd``,
+    so nothing is reused: 86 tensors in the file, 87 created, also with everything on the CPU."""
+    assert _planned("cpu-gemma4-c256-b2048-ub512-faon")["n_tensors"] == 87
+
+
+def test_full_layers_read_rope_freqs_and_have_no_attn_v() -> None:
+    hp = HParams.from_dict(CASES["cpu-gemma4-c256-b2048-ub512-faon"]["model"])
+    names = [w.name for w in archs.get("gemma4").weights(hp)]
+    assert "blk.5.attn_v.weight" not in names and "blk.4.attn_v.weight" in names
+    assert names.index("rope_freqs.weight") == names.index("blk.5.layer_output_scale.weight") + 1
+    assert [hp.n_rot_at(il) for il in range(6)] == [32] * 5 + [64]
+    ctx = context_from_case(CASES["cpu-gemma4-c256-b2048-ub512-faon"])
+    ropes = [n for n in ctx.setup.build_graph(256, 1, 1, 1).graph.nodes if n.op.value == "ROPE"]
+    assert [(n.src[2].name if len(n.src) > 2 and n.src[2] is not None else None) for n in ropes] == \
+        [None] * 10 + ["rope_freqs.weight"] * 2
+
+
+def test_kv_sharing_reads_an_earlier_layers_cache() -> None:
+    """``layer_reuse_cb``: with 2 shared layers of 6, layers 4 (SWA) and 5 (full) read the caches of layers 2
+    (``n_layer_kv_from_start - 2``) and 3 (``- 1``); the caches hold 4 layers. No measured case pins this
+    (the oracle's models share nothing)."""
+    import dataclasses
+
+    from toolkit.models.memory import layer_reuse
+
+    hp = HParams.from_dict(CASES["cpu-gemma4-c256-b2048-ub512-faon"]["model"])
+    sw = dataclasses.replace(hp.swa, layers=(True, True, True, False, True, False))  # type: ignore[arg-type]
+    shared = dataclasses.replace(hp, swa=sw, n_kv_shared=2)
+    assert layer_reuse(shared) == {4: 2, 5: 3}
+    assert not shared.has_kv(4) and shared.has_kv(3)
+    names = [w.name for w in archs.get("gemma4").weights(shared)]
+    assert "blk.4.attn_k.weight" not in names and "blk.3.attn_k.weight" in names
+
+
+def test_registered() -> None:
+    assert "gemma4" in archs.names()
+    assert archs.get("gemma4").rope_type == archs.ROPE_TYPE_NEOX
