@@ -139,10 +139,8 @@ class GraphBuilder:
         if streams is not None and not 0 <= streams[0] <= streams[1] < self.memory.n_stream:
             raise ValueError(f"streams {streams} are not within the cache's {self.memory.n_stream} stream(s)")
         res = GraphResult(Graph(self.graph_size), n_tokens, n_seqs, n_outputs, self.flash_attn, streams)
-        cur = self.build_layers(res)
+        cur = self.build_output_norm(res, self.build_layers(res))
         m = self.model
-        cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
-        self.cb(res, cur, "result_norm", -1)
         res.embd = cur
         assert m.output is not None
         cur = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
@@ -157,6 +155,12 @@ class GraphBuilder:
 
     def build_layers(self, res: GraphResult) -> Tensor:
         raise NotImplementedError
+
+    def build_output_norm(self, res: GraphResult, cur: Tensor) -> Tensor:
+        """The output norm after the layers, named ``result_norm`` (an architecture that picks the output
+        rows after the norm, as qwen35's ``h_nextn``, overrides it)."""
+        cur = self.build_norm(res, cur, self.model.w("output_norm.weight"), -1)
+        return self.cb(res, cur, "result_norm", -1)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def build_inp_embd(self, res: GraphResult) -> Tensor:

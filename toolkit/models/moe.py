@@ -77,12 +77,15 @@ class MoEParams:
     n_ff_exp: int = 0
     weights_scale: float = 0.0
     gating: str = "softmax"
+    n_ff_shexp: int = 0     # expert_shared_feed_forward_length: a shared expert built beside (qwen35moe)
 
     def __post_init__(self) -> None:
         if not isinstance(self.n_expert, int) or not 0 < self.n_expert <= MAX_EXPERTS:
             raise ValueError(f"n_expert={self.n_expert!r} must be in 1..{MAX_EXPERTS}")
         if not isinstance(self.n_expert_used, int) or not 0 < self.n_expert_used <= self.n_expert:
             raise ValueError(f"n_expert_used={self.n_expert_used!r} must be in 1..n_expert={self.n_expert}")
+        if not isinstance(self.n_ff_shexp, int) or self.n_ff_shexp < 0:
+            raise ValueError(f"n_ff_shexp={self.n_ff_shexp!r} must be an integer >= 0")
         if not isinstance(self.n_ff_exp, int) or self.n_ff_exp < 0:
             raise ValueError(f"n_ff_exp={self.n_ff_exp!r} must be an integer >= 0")
         if self.gating not in GATING_FUNCS:
@@ -106,7 +109,8 @@ class MoEParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_expert": self.n_expert, "n_expert_used": self.n_expert_used, "n_ff_exp": self.n_ff_exp,
-                "expert_weights_scale": self.weights_scale, "expert_gating": self.gating}
+                "expert_weights_scale": self.weights_scale, "expert_gating": self.gating,
+                **({"n_ff_shexp": self.n_ff_shexp} if self.n_ff_shexp else {})}
 
 
 def layer_tensors(p: MoEParams, n_embd: int, n_ff: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
@@ -129,7 +133,7 @@ def from_dict(d: Mapping[str, Any]) -> MoEParams | None:
     return MoEParams(n_expert=n, n_expert_used=int(d.get("n_expert_used", 0) or 0),
                      n_ff_exp=int(d.get("n_ff_exp", 0) or 0),
                      weights_scale=float(d.get("expert_weights_scale", 0.0) or 0.0),
-                     gating=str(d.get("expert_gating", "softmax")))
+                     gating=str(d.get("expert_gating", "softmax")), n_ff_shexp=int(d.get("n_ff_shexp", 0) or 0))
 
 
 # GGUF keys of MoE variants build_moe_ffn's plain path does not cover
