@@ -435,6 +435,10 @@ class Env:
         if is_view_op(node.op) or node.op is Op.NONE:
             return  # views are read through their strides when used (ggml_view_tensor)
         k = kernel_for(node)
+        if node.nelements == 0:  # an empty op (a hybrid's s_copy_extra rows with every state in the ubatch)
+            if not k.writes_view_src:  # writes nothing into its view's base
+                self._set(node, jnp.zeros(0, layout.storage_dtype(node.type)))
+            return
         out = k.fn(node, self)
         if k.writes_view_src:
             self._set(node.view_src if node.view_src is not None else node, out)

@@ -163,14 +163,17 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
         v = get(f"{arch}.{key}")
         if v:
             raise UnsupportedFeature(feature, f"GGUF key {arch}.{key}={v}: {feature} are not implemented")
+    # expert_shared_feed_forward_length (llama_hparams::n_ff_shexp): the architecture builds a shared expert
+    # beside the routed ones (qwen35moe); its architecture's tensor list decides whether the file fits
+    n_ff_shexp = int(get(f"{arch}.expert_shared_feed_forward_length") or 0)
     for name in tensor_names:
         for frag, feature in _UNSUPPORTED_TENSORS.items():
-            if frag in name:
+            if frag in name and not (frag == "_shexp" and n_ff_shexp):
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
     # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
     # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
     return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
-                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0))
+                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0), n_ff_shexp=n_ff_shexp)
 
 
 def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor, up_exps: Tensor, gate_exps: Tensor,

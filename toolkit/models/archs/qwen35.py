@@ -33,6 +33,7 @@ from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import I32
 from toolkit.models.archs.base import Architecture, TensorSpec, ffn_tensors, moe_tensors
+from toolkit.models.gguf_file import GGUFArray
 from toolkit.models.graph import GraphResult
 from toolkit.models.hparams import HParams, WeightInfo
 from toolkit.models.hybrid import HybridGraphBuilder
@@ -261,11 +262,14 @@ class Qwen35(Architecture):
         recr = f.get(f"{a}.attention.recurrent_layers")
         if f.get(f"{a}.nextn_predict_layers"):
             raise UnsupportedFeature("nextn", f"{a}.nextn_predict_layers: NextN/MTP blocks are not built")
-        layers = tuple(bool(x) for x in recr) if recr is not None else \
+        layers = tuple(bool(x) for x in _array(recr)) if recr is not None else \
             interval_layers(n_layer, int(f.get(f"{a}.full_attention_interval") or 4))
         sections = f.get(f"{a}.rope.dimension_sections")
-        return {"recurrent": RecurrentParams(layers, **vals),
-                "rope_sections": tuple(int(x) for x in sections)[:4] if sections is not None else (0, 0, 0, 0)}
+        # a qwen35moe file has no feed_forward_length (llama.cpp's n_ff is 0 and nothing reads it): n_ff_exp
+        n_ff = {} if f.get(f"{a}.feed_forward_length") is not None else \
+            {"n_ff": int(f.get(f"{a}.expert_feed_forward_length") or 0)}
+        return {**n_ff, "recurrent": RecurrentParams(layers, **vals),
+                "rope_sections": tuple(int(x) for x in _array(sections))[:4] if sections is not None else (0, 0, 0, 0)}
 
     def gguf_keys(self, hp: HParams) -> dict[str, Any]:
         rp = hp.recurrent
@@ -289,6 +293,11 @@ class Qwen35(Architecture):
             raise ToolkitError(f"{self.name} has a dense FFN; a model with experts is qwen35moe")
         if hp.n_embd_head_k != hp.n_embd_head_v:
             raise ToolkitError(f"{self.name} needs n_embd_head_k == n_embd_head_v (llama.cpp asserts it)")
+
+
+def _array(v: Any) -> list[Any]:
+    """A GGUF array key's elements (a :class:`GGUFArray` read through ``tolist``; a list as given)."""
+    return v.tolist() if isinstance(v, GGUFArray) else list(v)
 
 
 QWEN35 = Qwen35("qwen35", Qwen35GraphBuilder, ROPE_TYPE_IMROPE, qk_norm=True, memory=MEMORY_HYBRID)
