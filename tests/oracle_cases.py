@@ -16,8 +16,8 @@ ARCH_CASES_JSON = (DATA / "cases-qwen3-gemma3.json", DATA / "cases-llama3.json")
 DUMPS = DATA / "sched-debug"
 # the third oracle's gpt-oss cases (MXFP4 experts and an F32 variant), checked by tests/test_oracle_gptoss.py
 GPTOSS_CASES_JSON = DATA / "cases-gptoss.json"
-# the third oracle's qwen35 and qwen35moe cases (hybrid memory), checked by tests/test_oracle_qwen35.py
-QWEN35_CASES_JSON = DATA / "cases-qwen35.json"
+# the third oracle's hybrids (qwen35, qwen35moe, lfm2: recurrent state), checked by tests/test_oracle_hybrid.py
+HYBRID_CASES_JSON = (DATA / "cases-qwen35.json", DATA / "cases-lfm2.json")
 
 
 @cache
@@ -26,7 +26,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in (*cases(), *arch_cases(), *gptoss_cases(), *qwen35_cases()):
+    for c in (*cases(), *arch_cases(), *gptoss_cases(), *hybrid_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
@@ -38,8 +38,8 @@ def arch_cases() -> list[dict[str, Any]]:
 
 
 @cache
-def qwen35_cases() -> list[dict[str, Any]]:
-    return list(json.loads(QWEN35_CASES_JSON.read_text()))
+def hybrid_cases() -> list[dict[str, Any]]:
+    return [c for p in HYBRID_CASES_JSON for c in json.loads(p.read_text())]
 
 
 @cache
@@ -133,7 +133,7 @@ def fmt_size(n: int) -> str:
 
 def debug_case_ids() -> list[str]:
     """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss) that has one."""
-    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *qwen35_cases())}
+    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *hybrid_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
 
 

@@ -570,6 +570,17 @@ class Memory:
             c.clear()
 
 
+def v_padding_warnings(hp: HParams, flash_attn: bool) -> list[str]:
+    """``llama_kv_cache`` [TAG_V_CACHE_VARIABLE]: a transposed V cache (no flash attention) over layers whose
+    ``n_embd_v_gqa`` differ (``is_n_embd_v_gqa_variable``, every layer counted) is padded to the largest,
+    with a warning."""
+    sizes = {hp.n_embd_v_gqa(il) for il in range(hp.n_layer)}
+    if flash_attn or len(sizes) < 2:
+        return []
+    return [f"llama_kv_cache: the V embeddings have different sizes across layers and FA is not enabled - "
+            f"padding V cache to {max(sizes)}"]
+
+
 def create_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool, swa_full: bool,
                   unified: bool, kind: str = "kv") -> Memory:
     """``llama_model::create_memory``: one ``llama_kv_cache``, or ``llama_kv_cache_iswa``'s two (the
@@ -602,4 +613,4 @@ def create_hybrid_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv:
     recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
     kv = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=attn)
     rs = make_recurrent_memory(model, rp.n_seq_max, offload=offload_kqv, layers=recr)
-    return Memory([kv], MEMORY_HYBRID, [], rs)
+    return Memory([kv], MEMORY_HYBRID, v_padding_warnings(hp, flash_attn), rs)
