@@ -427,7 +427,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
             raise cur.fail(f"tensor type {tid} is not one the toolkit knows ({known})", f"{name}: type", type_at)
         off = cur.u64(f"{name}: offset")
         if name in f.tensors or any(x[0] == name for x in infos):
-            raise GGUFError(p, "duplicate tensor name", at, name)
+            raise GGUFError(p, "duplicate tensor name", at, name or f"name of tensor info {i}")
         infos.append((name, ne, gt, off, at))
     f.data_offset = -(-cur.pos // f.alignment) * f.alignment
     for name, ne, gt, off, at in infos:
