@@ -47,6 +47,25 @@ def gptoss_cases() -> list[dict[str, Any]]:
     return list(json.loads(GPTOSS_CASES_JSON.read_text()))
 
 
+# what every architecture's case compares (test_oracle_archs.py, test_oracle_gptoss.py)
+PLANNED_FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes",
+                  "kv_bytes", "kv_buffers_bytes", "model_buffers_bytes", "output_buffer_bytes", "n_copies",
+                  "pipeline_parallel", "max_nodes", "n_tensors", "n_backends", "flash_attn_effective", "warnings")
+KV_FIELDS = ("cache", "cells", "layers", "n_stream", "size_k_bytes", "size_v_bytes", "buffers")
+
+
+def assert_planned_matches(got: dict[str, Any], obs: dict[str, Any]) -> None:
+    """``toolkit.cases.plan_case``'s summary against llama.cpp's observation: every field, the layer
+    placement (the oracle adds is_swa as a third column for iSWA models) and every KV cache on its own
+    (cells per stream, layers, K and V bytes, buffers)."""
+    assert obs["rc"] == 0
+    assert "error" not in got, got.get("error")
+    for f in PLANNED_FIELDS:
+        assert got[f] == obs[f], (f, got[f], obs[f])
+    assert [list(x) for x in got["layer_devices"]] == [list(x)[:2] for x in obs["layer_devices"]]
+    assert got["kv_caches"] == [{k: kc[k] for k in KV_FIELDS} for kc in obs["kv_caches"]]
+
+
 _RESERVE = re.compile(r"graph_reserve: reserving a graph for ubatch with n_tokens =\s*(\d+), n_seqs =\s*(\d+), "
                       r"n_outputs =\s*(\d+)")
 _SPLIT = re.compile(r"## SPLIT #(\d+): (\S+) # (\d+) inputs")

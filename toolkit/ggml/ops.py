@@ -486,23 +486,25 @@ def swiglu_oai(a: Tensor, b: Tensor, alpha: float, limit: float) -> Tensor:
 def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """``ggml_flash_attn_ext_add_sinks``: the per-head sinks (F32 ``[n_head]``) as FLASH_ATTN_EXT's src[4];
     nothing without sinks."""
-    if sinks is None:
-        return
-    if a.op is not Op.FLASH_ATTN_EXT or sinks.type is not F32 or sinks.ne[0] != a.ne[1]:
-        raise _fail("flash_attn_ext_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
-                                                f"{a.op.value} {list(a.ne)}")
-    a.src = [*a.src[:4], *[None] * (4 - len(a.src)), sinks]
+    _add_sinks("flash_attn_ext_add_sinks", a, sinks, Op.FLASH_ATTN_EXT, slot=4, head_dim=1)
 
 
 def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """``ggml_soft_max_add_sinks``: the per-head sinks (F32 ``[n_head]``) as SOFT_MAX's src[2];
     nothing without sinks."""
+    _add_sinks("soft_max_add_sinks", a, sinks, Op.SOFT_MAX, slot=2, head_dim=2)
+
+
+def _add_sinks(fn: str, a: Tensor, sinks: Tensor | None, op: Op, slot: int, head_dim: int) -> None:
+    """Set ``a->src[slot] = sinks`` after checking that ``a`` is ``op`` and the sinks are F32 with one
+    value per head (``a->ne[head_dim]``), as both ``ggml_*_add_sinks`` assert."""
     if sinks is None:
         return
-    if a.op is not Op.SOFT_MAX or sinks.type is not F32 or sinks.ne[0] != a.ne[2]:
-        raise _fail("soft_max_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
-                                          f"{a.op.value} {list(a.ne)}")
-    a.src = [*a.src[:2], *[None] * (2 - len(a.src)), sinks]
+    if a.op is not op or sinks.type is not F32 or sinks.ne[0] != a.ne[head_dim]:
+        raise _fail(fn, f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit {a.op.value} {list(a.ne)}")
+    a.src = [*a.src[:slot], *[None] * (slot - len(a.src)), sinks]
+
+
 # ---- recurrent layers (hybrid models) ----------------------------------------------------
 
 def scale_inplace(a: Tensor, s: float) -> Tensor:

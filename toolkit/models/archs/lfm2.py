@@ -27,6 +27,7 @@ from toolkit.errors import GGUFError, ToolkitError, UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
 from toolkit.models.archs.base import ROPE_TYPE_NEOX, Architecture, TensorSpec, ffn_tensors
+from toolkit.models.gguf_file import get_key_or_arr
 from toolkit.models.graph import GraphResult
 from toolkit.models.hparams import HParams, WeightInfo
 from toolkit.models.hybrid import HybridGraphBuilder
@@ -161,9 +162,9 @@ class Lfm2(Architecture):
                             f"{a}.shortconv.l_cache")
         if f.get(f"{a}.expert_count"):
             raise UnsupportedFeature("lfm2 experts", "LFM2-MoE's experts are not built")
-        kv = f.get(f"{a}.attention.head_count_kv")
-        n_layer = int(f.get(f"{a}.block_count"))
-        kvs = [int(x) for x in kv] if isinstance(kv, list) else [int(kv or 0)] * n_layer
+        n_layer = f.require_int(f.arch_key("block_count"))
+        kv = get_key_or_arr(f, "attention.head_count_kv", n_layer, 0)
+        kvs = list(kv) if isinstance(kv, tuple) else [int(kv or 0)] * n_layer
         return {"recurrent": RecurrentParams(tuple(k == 0 for k in kvs), shortconv_l_cache=int(lc))}
 
     def gguf_keys(self, hp: HParams) -> dict[str, Any]:
