@@ -18,6 +18,8 @@ DUMPS = DATA / "sched-debug"
 GPTOSS_CASES_JSON = DATA / "cases-gptoss.json"
 # the third oracle's Gemma 4 cases (31B- and 26B-A4B-shaped tiny models), tests/test_oracle_gemma4.py
 GEMMA4_CASES_JSON = DATA / "cases-gemma4.json"
+# the third oracle's hybrids (qwen35, qwen35moe, lfm2: recurrent state), checked by tests/test_oracle_hybrid.py
+HYBRID_CASES_JSON = (DATA / "cases-qwen35.json", DATA / "cases-lfm2.json")
 
 
 @cache
@@ -26,7 +28,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases()):
+    for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
@@ -38,8 +40,32 @@ def arch_cases() -> list[dict[str, Any]]:
 
 
 @cache
+def hybrid_cases() -> list[dict[str, Any]]:
+    return [c for p in HYBRID_CASES_JSON for c in json.loads(p.read_text())]
+
+
+@cache
 def gptoss_cases() -> list[dict[str, Any]]:
     return list(json.loads(GPTOSS_CASES_JSON.read_text()))
+
+
+# what every architecture's case compares (test_oracle_archs.py, test_oracle_gptoss.py)
+PLANNED_FIELDS = ("graph_nodes", "graph_nodes_tg", "graph_splits", "graph_splits_tg", "compute_buffers_bytes",
+                  "kv_bytes", "kv_buffers_bytes", "model_buffers_bytes", "output_buffer_bytes", "n_copies",
+                  "pipeline_parallel", "max_nodes", "n_tensors", "n_backends", "flash_attn_effective", "warnings")
+KV_FIELDS = ("cache", "cells", "layers", "n_stream", "size_k_bytes", "size_v_bytes", "buffers")
+
+
+def assert_planned_matches(got: dict[str, Any], obs: dict[str, Any]) -> None:
+    """``toolkit.cases.plan_case``'s summary against llama.cpp's observation: every field, the layer
+    placement (the oracle adds is_swa as a third column for iSWA models) and every KV cache on its own
+    (cells per stream, layers, K and V bytes, buffers)."""
+    assert obs["rc"] == 0
+    assert "error" not in got, got.get("error")
+    for f in PLANNED_FIELDS:
+        assert got[f] == obs[f], (f, got[f], obs[f])
+    assert [list(x) for x in got["layer_devices"]] == [list(x)[:2] for x in obs["layer_devices"]]
+    assert got["kv_caches"] == [{k: kc[k] for k in KV_FIELDS} for kc in obs["kv_caches"]]
 
 
 @cache
@@ -132,8 +158,9 @@ def fmt_size(n: int) -> str:
 
 
 def debug_case_ids() -> list[str]:
-    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss, gemma4) that has one."""
-    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases())}
+    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss, gemma4, the hybrids)
+    that has one."""
+    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
 
 

@@ -277,3 +277,12 @@ def test_context_and_toolkit_run_report_the_gguf_error(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert str(p) in err and "at byte 8" in err and "tensor_count" in err
     assert isinstance(GGUFError("x", "y"), ToolkitError)
+
+
+def test_a_duplicate_empty_tensor_name_is_named_by_its_position(tmp_path: Path) -> None:
+    """Two tensor infos whose names are both empty (a flipped length byte makes them): the error names
+    the second info by its position, as an empty key is named by its position."""
+    info = struct.pack("<Q", 0) + struct.pack("<IQ", 1, 32) + struct.pack("<IQ", 0, 0)  # "", [32], F32, offset 0
+    p = tmp_path / "dup.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2, 0) + info + info)
+    raises_at(p, 24 + len(info), "name of tensor info 1", "duplicate tensor name")

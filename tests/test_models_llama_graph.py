@@ -26,16 +26,17 @@ def _builder(case_id: str) -> GraphBuilder:
     ds = make_devices(cp.devices, split_mode=cp.split_mode)
     m = load_model(hp, cp, ds, archs.get(hp.arch).weights(hp))
     memory = create_memory(m, rp, offload_kqv=cp.offload_kqv, flash_attn=fa, swa_full=cp.swa_full,
-                           unified=cp.kv_unified)
+                           unified=cp.kv_unified, kind=archs.get(hp.arch).memory)
     return archs.get(hp.arch).make_builder(m, memory, flash_attn=fa, graph_size=1024)
 
 
 def _src_name_matches(ours: str, dumped: str) -> bool:
-    """The scheduler redirects sources to copies named ``<backend>#<src>#<copy>`` (truncated to 20)."""
+    """The scheduler redirects sources to copies named ``<backend>#<src>#<copy>`` (truncated to 20); the dump
+    right-aligns names in 20 columns, so a view of an unnamed tensor (`` (view)``) reads without its space."""
     if dumped.startswith(("RPC", "CPU#")) and "#" in dumped or dumped.startswith("RPC0[") and ours[:20] != dumped:
         parts = dumped.split("#")
         return len(parts) < 2 or ours.startswith(parts[1]) or parts[1].startswith(ours[:len(parts[1])])
-    return ours[:20] == dumped
+    return ours[:20] == dumped or ours[:20].lstrip() == dumped
 
 
 # gemma4's CPU dumps number the output-ids leaf one higher (leaf_108 / leaf_156) than the toolkit's graph at
@@ -59,7 +60,7 @@ def test_graph_matches_dump_node_by_node(case_id: str) -> None:
         for (i, t), d in zip(ours, theirs):
             assert i == d.index, (t.name, i, d.index)
             assert t.op_desc()[:10] == d.op, (i, t.op_desc(), d.op)
-            assert t.name[:20] == d.name, (i, t.name, d.name)
+            assert t.name[:20].strip() == d.name, (i, t.name, d.name)   # the dump strips the padding
             assert fmt_size(t.nbytes) == d.size, (i, t.name, t.nbytes, d.size)
             assert len(t.srcs) == len(d.srcs), (i, t.name)
             for s, (n, sz, _) in zip(t.srcs, d.srcs):

@@ -41,7 +41,7 @@ def test_unknown_architecture_is_a_typed_error_listing_the_known_ones() -> None:
         archs.get("falcon")
     assert e.value.feature == "arch"
     assert str(e.value) == ("architecture 'falcon' is not supported; supported: llama, qwen3, qwen3moe, gemma3, "
-                            "gpt-oss, gemma4")
+                            "gpt-oss, gemma4, qwen35, qwen35moe, lfm2")
     with pytest.raises(UnsupportedFeature, match="'falcon' is not supported"):
         archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon"))
 
@@ -54,7 +54,8 @@ def test_register_refuses_a_taken_name_and_what_is_not_a_record() -> None:
         archs.register("llama")  # type: ignore[arg-type]
     with pytest.raises(UnsupportedFeature):
         archs.unregister("falcon")
-    assert archs.names() == ("llama", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "gemma4")
+    assert archs.names() == ("llama", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "gemma4", "qwen35", "qwen35moe",
+                             "lfm2")
 
 
 def test_the_record_is_abstract() -> None:
@@ -67,13 +68,16 @@ def test_the_record_is_abstract() -> None:
 
 
 def test_builtin_records() -> None:
-    """llama_model_rope_type: NORM for llama, NEOX for qwen3, qwen3moe, gemma3, gpt-oss and gemma4; Q/K norms
-    on qwen3, qwen3moe, gemma3 and gemma4; every one a KV cache; qwen3moe refuses a model without experts and
-    gemma3 one with."""
+    """llama_model_rope_type: NORM for llama, NEOX for qwen3, qwen3moe, gemma3, gpt-oss and gemma4, IMROPE (40)
+    for qwen35 and qwen35moe, NEOX for lfm2; Q/K norms on qwen3, qwen3moe, gemma3, gemma4, the qwen35s and lfm2;
+    a KV cache, the qwen35s and lfm2 a hybrid memory; qwen3moe refuses a model without experts and gemma3 one
+    with."""
     got = {n: (archs.get(n).rope_type, archs.get(n).qk_norm, archs.get(n).memory) for n in archs.names()}
     assert got == {"llama": (ROPE_TYPE_NORM, False, "kv"), "qwen3": (ROPE_TYPE_NEOX, True, "kv"),
                    "qwen3moe": (ROPE_TYPE_NEOX, True, "kv"), "gemma3": (ROPE_TYPE_NEOX, True, "kv"),
-                   "gpt-oss": (ROPE_TYPE_NEOX, False, "kv"), "gemma4": (ROPE_TYPE_NEOX, True, "kv")}
+                   "gpt-oss": (ROPE_TYPE_NEOX, False, "kv"), "gemma4": (ROPE_TYPE_NEOX, True, "kv"),
+                   "qwen35": (40, True, "hybrid"), "qwen35moe": (40, True, "hybrid"),
+                   "lfm2": (ROPE_TYPE_NEOX, True, "hybrid")}
     assert archs.get("qwen3").builder is archs.get("qwen3moe").builder
     with pytest.raises(ToolkitError, match="n_expert must be > 0"):
         archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe"))

@@ -43,6 +43,9 @@ _LAZY: dict[str, str] = {
     "AllocationError": "toolkit.errors",
     "GGUFError": "toolkit.errors",
     "UnsupportedFeature": "toolkit.errors",
+    "LogError": "toolkit.errors",
+    # a llama.cpp start-up log read back (toolkit.explain)
+    "from_log": "toolkit.explain",
     # heavy: jax (running a context, trace, TracedContext), plotly + ipywidgets (dashboard)
     "decode": "toolkit.jaxrt.runtime",
     "generate": "toolkit.jaxrt.runtime",
@@ -55,15 +58,16 @@ _LAZY_MODULES = {"jaxrt": "toolkit.jaxrt", "trace": "toolkit.trace"}
 
 __all__ = [
     "AllocationError", "Assignment", "BufferSize", "CompileEvent", "Context", "ContextParams", "ContextView",
-    "GGUFError", "HParams", "ParameterError", "Plan", "Reason", "ReserveEvent", "SchedParams", "Scheduler",
+    "GGUFError", "HParams", "LogError", "ParameterError", "Plan", "Reason", "ReserveEvent", "SchedParams", "Scheduler",
     "SchedulerHolder", "ToolkitError", "TracedContext", "UnsupportedFeature", "compile_splits", "dashboard", "decode",
-    "generate", "jaxrt", "trace",
+    "from_log", "generate", "jaxrt", "trace",
 ]
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
     from toolkit import jaxrt, trace
     from toolkit.context import Context
-    from toolkit.errors import AllocationError, GGUFError, ParameterError, ToolkitError, UnsupportedFeature
+    from toolkit.errors import AllocationError, GGUFError, LogError, ParameterError, ToolkitError, UnsupportedFeature
+    from toolkit.explain import from_log
     from toolkit.jaxrt.runtime import compile_splits, decode, generate
     from toolkit.models.cparams import ContextParams
     from toolkit.models.hparams import HParams

@@ -110,7 +110,18 @@ def summary(ctx: Context) -> dict[str, Any]:
         "kv_types": {"n_seq_max": ctx.setup.resolved.n_seq_max, "type_k": ctx.setup.resolved.type_k.lower,
                      "type_v": ctx.setup.resolved.type_v.lower},
         "tensor_overrides": [o.to_dict() for o in ctx.setup.model.tensor_overrides],
+        **_rs_summary(ctx),
     }
+
+
+def _rs_summary(ctx: Context) -> dict[str, Any]:
+    """A hybrid's recurrent state (``llama_memory_recurrent``): bytes per buffer, their sum, the sizes
+    and the device of each recurrent layer; nothing for a model without one."""
+    rs = ctx.setup.memory.recurrent
+    if rs is None:
+        return {}
+    return {"rs_buffers_bytes": dict(rs.buffers_bytes), "rs_bytes": rs.total_bytes, "rs": rs.info(),
+            "rs_layer_devices": [list(x) for x in rs.layer_devices]}
 
 
 def kv_size_line(c: Mapping[str, Any], t: Mapping[str, Any]) -> str:

@@ -15,6 +15,10 @@
   JSON list with per case ``{id, printed, fitted, probes, log_lines, …}``;
 - ``replay --case FILE.json --id ID --steps "max_nodes=4096; parallel=on" [--json]``: the
   reserve-event log of the initial reserve followed by one event per step;
+- ``explain LOG [-m FILE.gguf] [--json] [--html FILE]``: read a llama.cpp start-up log, rebuild the
+  context it describes (:mod:`toolkit.explain`) and print each logged number beside the toolkit's,
+  with the difference in bytes; ``--json``: ``{"compared": [{line, what, buffer, logged, ours}, …],
+  "missing": [what the rebuild assumed], …}``; ``--html``: also the standalone report;
 - ``run ...``: execution on JAX, delegated to ``toolkit.jaxrt.cli:main`` (imported only then).
 """
 
@@ -217,6 +221,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from toolkit.explain import explain
+    exp = explain(args.log, args.model)
+    d = exp.to_dict()
+    if args.json:
+        json.dump(d, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(exp.lines()))
+    if args.html:
+        from toolkit.ui.share import explained_html, save_html, section_of
+        save_html(args.html, [section_of(exp.context, f"rebuilt from {exp.run.log.source}")],
+                  title=f"toolkit explain: {Path(exp.run.log.source).name}",
+                  meta={"llama.cpp build": exp.run.log.build or "not printed"},
+                  preamble=explained_html(d["compared"], d["missing"], d["causes"]))
+    return 0 if exp.all_equal else 1
+
+
 def cmd_run(argv: Sequence[str]) -> int:
     mod = importlib.import_module("toolkit.jaxrt.cli")
     return int(mod.main(list(argv)) or 0)
@@ -232,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--id", help="case id (default: the first case)")
     rp.add_argument("--steps", default="", help='e.g. "max_nodes=4096; parallel=on; op_offload=off"')
     rp.add_argument("--json", action="store_true")
+    ep = sub.add_parser("explain", help="rebuild the context of a llama.cpp start-up log and compare its numbers")
+    ep.add_argument("log", help="the log file (llama-server / llama-cli / llama-completion start-up output)")
+    ep.add_argument("-m", "--model", help="the GGUF file the run loaded (its tensor types)")
+    ep.add_argument("--json", action="store_true")
+    ep.add_argument("--html", help="also write the standalone HTML report here")
     sub.add_parser("run", help="execute on JAX (toolkit.jaxrt)", add_help=False)
     return p
 
@@ -247,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             return cmd_plan(argv[1:]) if argv[0] == "plan" else cmd_fit(argv[1:])
         args = build_parser().parse_args(argv)
-        return cmd_replay(args)
+        return cmd_explain(args) if args.command == "explain" else cmd_replay(args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

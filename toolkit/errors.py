@@ -82,4 +82,17 @@ class UnsupportedFeature(ToolkitError):
         super().__init__(message)
 
 
-__all__ = ["AllocationError", "GGUFError", "ParameterError", "ToolkitError", "UnsupportedFeature"]
+class LogError(ToolkitError):
+    """A llama.cpp log that cannot be read back: another program's text, a truncated log, a line
+    the toolkit needs that is missing. ``missing`` names the line or key; ``line`` is the 1-based
+    line number where reading stopped (None: the end of the log)."""
+
+    def __init__(self, source: str, missing: str, message: str, line: int | None = None) -> None:
+        self.source = source
+        self.missing = missing
+        self.line = line
+        where = f" line {line}" if line is not None else ""
+        super().__init__(f"{source}{where}: {message} (missing: {missing})")
+
+
+__all__ = ["AllocationError", "GGUFError", "LogError", "ParameterError", "ToolkitError", "UnsupportedFeature"]

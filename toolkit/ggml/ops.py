@@ -21,6 +21,7 @@ __all__ = [
     "transpose", "diag_mask_inf", "soft_max", "soft_max_ext", "rope_ext", "flash_attn_ext",
     "glu_split", "swiglu_split", "swiglu", "fill", "repeat", "clamp", "mul_mat_id", "argsort",
     "argsort_top_k", "add_id", "swiglu_oai", "flash_attn_ext_add_sinks", "soft_max_add_sinks",
+    "scale_inplace", "softplus", "l2_norm", "ssm_conv", "gated_delta_net", "rope_multi",
 ]
 
 
@@ -493,20 +494,71 @@ def swiglu_oai(a: Tensor, b: Tensor, alpha: float, limit: float) -> Tensor:
 def flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """``ggml_flash_attn_ext_add_sinks``: the per-head sinks (F32 ``[n_head]``) as FLASH_ATTN_EXT's src[4];
     nothing without sinks."""
-    if sinks is None:
-        return
-    if a.op is not Op.FLASH_ATTN_EXT or sinks.type is not F32 or sinks.ne[0] != a.ne[1]:
-        raise _fail("flash_attn_ext_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
-                                                f"{a.op.value} {list(a.ne)}")
-    a.src = [*a.src[:4], *[None] * (4 - len(a.src)), sinks]
+    _add_sinks("flash_attn_ext_add_sinks", a, sinks, Op.FLASH_ATTN_EXT, slot=4, head_dim=1)
 
 
 def soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """``ggml_soft_max_add_sinks``: the per-head sinks (F32 ``[n_head]``) as SOFT_MAX's src[2];
     nothing without sinks."""
+    _add_sinks("soft_max_add_sinks", a, sinks, Op.SOFT_MAX, slot=2, head_dim=2)
+
+
+def _add_sinks(fn: str, a: Tensor, sinks: Tensor | None, op: Op, slot: int, head_dim: int) -> None:
+    """Set ``a->src[slot] = sinks`` after checking that ``a`` is ``op`` and the sinks are F32 with one
+    value per head (``a->ne[head_dim]``), as both ``ggml_*_add_sinks`` assert."""
     if sinks is None:
         return
-    if a.op is not Op.SOFT_MAX or sinks.type is not F32 or sinks.ne[0] != a.ne[2]:
-        raise _fail("soft_max_add_sinks", f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit "
-                                          f"{a.op.value} {list(a.ne)}")
-    a.src = [*a.src[:2], *[None] * (2 - len(a.src)), sinks]
+    if a.op is not op or sinks.type is not F32 or sinks.ne[0] != a.ne[head_dim]:
+        raise _fail(fn, f"sinks {sinks.type.lower} {list(sinks.ne)} do not fit {a.op.value} {list(a.ne)}")
+    a.src = [*a.src[:slot], *[None] * (slot - len(a.src)), sinks]
+
+
+# ---- recurrent layers (hybrid models) ----------------------------------------------------
+
+def scale_inplace(a: Tensor, s: float) -> Tensor:
+    """``ggml_scale_inplace``: SCALE whose result is a view of ``a`` (``"<a> (view)"``)."""
+    return _op(view_tensor(a), Op.SCALE, a, s=float(s), b=0.0)
+
+
+def softplus(a: Tensor) -> Tensor:
+    return unary(a, UnaryOp.SOFTPLUS)
+
+
+def l2_norm(a: Tensor, eps: float) -> Tensor:
+    """``ggml_l2_norm``: each row divided by ``max(||row||, eps)``."""
+    return _op(dup_tensor(a), Op.L2_NORM, a, eps=float(eps))
+
+
+def ssm_conv(sx: Tensor, c: Tensor) -> Tensor:
+    """``ggml_ssm_conv(sx [d_conv - 1 + n_t, d_inner, n_s], c [d_conv, d_inner])``: F32 ``[d_inner, n_t, n_s]``."""
+    d_conv, d_inner = c.ne[0], c.ne[1]
+    n_t = sx.ne[0] - d_conv + 1
+    if sx.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1 or sx.ne[1] != d_inner or n_t < 0:
+        raise _fail("ssm_conv", f"sx {list(sx.ne)} does not fit the kernel {list(c.ne)}")
+    return _op(Tensor(F32, (d_inner, n_t, sx.ne[2])), Op.SSM_CONV, sx, c)
+
+
+def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, K: int) -> Tensor:
+    """``ggml_gated_delta_net``: F32 ``[S_v * H, n_tokens * n_seqs + K * S_v * n_seqs]``, the outputs of
+    every token then ``K`` snapshots of the state ``[S_v, S_v, H, n_seqs]`` (``K`` is op param 0)."""
+    S_v, H, n_tokens, n_seqs = v.ne
+    if g.ne[0] not in (1, S_v) or beta.ne[0] != 1 or state.ne != (S_v, S_v, H, n_seqs) or K < 1:
+        raise _fail("gated_delta_net", f"v {list(v.ne)}, g {list(g.ne)}, beta {list(beta.ne)}, "
+                    f"state {list(state.ne)}, K={K} do not fit")
+    out = Tensor(F32, (S_v * H, n_tokens * n_seqs + K * S_v * n_seqs))
+    return _op(out, Op.GATED_DELTA_NET, q, k, v, g, beta, state, K=int(K))
+
+
+def rope_multi(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections: Sequence[int], mode: int,
+               n_ctx_orig: int = 0, freq_base: float = 10000.0, freq_scale: float = 1.0, ext_factor: float = 0.0,
+               attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tensor:
+    """``ggml_rope_multi``: ROPE with four positions per token (``GGML_ROPE_TYPE_MROPE`` bit) and the
+    M-RoPE ``sections``."""
+    if pos.type is not I32 or pos.ne[0] != 4 * a.ne[2]:
+        raise _fail("rope_multi", f"positions {pos.type.lower} {list(pos.ne)} must be i32 of length 4 * ne[2]")
+    return _op(
+        dup_tensor(a), Op.ROPE, a, pos, freq_factors,
+        n_dims=n_dims, mode=mode, n_ctx_orig=n_ctx_orig, freq_base=freq_base,
+        freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+        beta_fast=beta_fast, beta_slow=beta_slow, sections=tuple(int(x) for x in sections),
+    )

@@ -64,6 +64,9 @@ class Op(enum.Enum):
     FLASH_ATTN_EXT = "FLASH_ATTN_EXT"
     UNARY = "UNARY"
     GLU = "GLU"
+    L2_NORM = "L2_NORM"
+    SSM_CONV = "SSM_CONV"
+    GATED_DELTA_NET = "GATED_DELTA_NET"
     # ops a traced JAX primitive maps to when ggml has no equivalent
     JAX = "JAX"
 
@@ -77,6 +80,7 @@ class UnaryOp(enum.Enum):
     GELU = "GELU"
     SILU = "SILU"
     EXP = "EXP"
+    SOFTPLUS = "SOFTPLUS"
 
 
 class GluOp(enum.Enum):

@@ -24,6 +24,13 @@ from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.kernels_gptoss import GPTOSS_KERNELS, sinks_denominator, swiglu_oai
 from toolkit.jaxrt.kernels_moe import MOE_KERNELS
+from toolkit.jaxrt.kernels_recurrent import (
+    RECURRENT_KERNELS,
+    ROPE_TYPE_MROPE,
+    mrope_pair_positions,
+    rope_sections,
+    softplus,
+)
 from toolkit.jaxrt.operands import (
     Kernel,
     Reader,
@@ -156,7 +163,9 @@ def _yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> f
 
 def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, node: Tensor) -> jnp.ndarray:
     """ggml_rope_ext: a (ne3, T, H, D) with positions per ne2 index; mode 0 rotates (x[2i], x[2i+1]),
-    NEOX (mode & 2) rotates (x[i], x[i + n_dims/2]); theta_i = pos * base^(-2i/n_dims), YaRN when ext_factor."""
+    NEOX (mode & 2) rotates (x[i], x[i + n_dims/2]); theta_i = pos * base^(-2i/n_dims), YaRN when ext_factor.
+    ggml_rope_multi (op param ``sections``): four positions per token, pair i's from its section
+    (kernels_recurrent.mrope_pair_positions), rotated as NEOX."""
     n_dims = param_i32(node, "n_dims")
     mode = param_i32(node, "mode", 0)
     base = param_f32(node, "freq_base", 10000.0)
@@ -165,7 +174,10 @@ def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, nod
     mscale = param_f32(node, "attn_factor", 1.0)
     half = n_dims // 2
     i0 = np.arange(half, dtype=np.float32) * 2
-    theta_extrap = pos.astype(jnp.float32)[:, None] * jnp.asarray(base ** (-i0 / n_dims), jnp.float32)[None, :]
+    sections = rope_sections(node)
+    pair_pos = (pos.astype(jnp.float32)[:, None] if sections is None
+                else mrope_pair_positions(pos, sections, mode, a.shape[1], half))
+    theta_extrap = pair_pos * jnp.asarray(base ** (-i0 / n_dims), jnp.float32)[None, :]
     if freq_factors is not None:
         theta_extrap = theta_extrap / freq_factors.reshape(-1)[:half][None, :]
     theta = freq_scale * theta_extrap
@@ -181,7 +193,7 @@ def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, nod
     sin = (jnp.sin(theta) * mscale)[None, :, None, :]
     x = a.astype(jnp.float32)
     rot, rest = x[..., :n_dims], x[..., n_dims:]
-    if mode & 2:  # GGML_ROPE_TYPE_NEOX
+    if mode & 2 or mode & ROPE_TYPE_MROPE:  # GGML_ROPE_TYPE_NEOX; M-RoPE and IMROPE rotate the same pairs
         x0, x1 = rot[..., :half], rot[..., half:]
         out = jnp.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     else:
@@ -200,6 +212,7 @@ def gelu(x: jnp.ndarray) -> jnp.ndarray:
 UNARY: dict[UnaryOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
     UnaryOp.ABS: jnp.abs, UnaryOp.NEG: jnp.negative, UnaryOp.TANH: jnp.tanh, UnaryOp.RELU: jax.nn.relu,
     UnaryOp.SIGMOID: jax.nn.sigmoid, UnaryOp.GELU: gelu, UnaryOp.SILU: jax.nn.silu, UnaryOp.EXP: jnp.exp,
+    UnaryOp.SOFTPLUS: softplus,
 }
 GLU_ACT: dict[GluOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
     GluOp.SWIGLU: jax.nn.silu, GluOp.GEGLU: gelu, GluOp.REGLU: jax.nn.relu,
@@ -377,6 +390,7 @@ KERNELS: dict[Op, Kernel] = {
     Op.CLAMP: Kernel(_clamp, writes_view_src=True),
     **MOE_KERNELS,
     **GPTOSS_KERNELS,
+    **RECURRENT_KERNELS,
 }
 
 # the ops a split's program sees writing into a tensor it did not create (toolkit.jaxrt.compile)
@@ -421,6 +435,10 @@ class Env:
         if is_view_op(node.op) or node.op is Op.NONE:
             return  # views are read through their strides when used (ggml_view_tensor)
         k = kernel_for(node)
+        if node.nelements == 0:  # an empty op (a hybrid's s_copy_extra rows with every state in the ubatch)
+            if not k.writes_view_src:  # writes nothing into its view's base
+                self._set(node, jnp.zeros(0, layout.storage_dtype(node.type)))
+            return
         out = k.fn(node, self)
         if k.writes_view_src:
             self._set(node.view_src if node.view_src is not None else node, out)

@@ -120,7 +120,10 @@ class ContextParams:
             n_ctx_seq = n_ctx // self.n_seq_max
             if n_ctx_seq == 0:
                 raise ParameterError("n_ctx", n_ctx, f"at least n_seq_max={self.n_seq_max}", "n_ctx_seq would be 0")
-            n_ctx = n_ctx_seq * self.n_seq_max  # llama.cpp rounds n_ctx down to a multiple of n_seq_max
+            # llama_context: n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256), n_ctx = n_ctx_seq * n_seq_max
+            # ("n_ctx is not divisible by n_seq_max - rounding down", which may round up)
+            n_ctx_seq = -(-n_ctx_seq // N_CTX_PAD) * N_CTX_PAD
+            n_ctx = n_ctx_seq * self.n_seq_max
         n_outputs_max = self.n_outputs_max if self.n_outputs_max is not None else n_batch
         return ResolvedParams(
             n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=self.n_seq_max,

@@ -21,7 +21,7 @@ import numpy as np
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
-from toolkit.models.gguf_file import INT_TYPES, GGUFArray, GGUFFile, open_gguf
+from toolkit.models.gguf_file import GGUFFile, get_key_or_arr, open_gguf
 from toolkit.models.hparams import HParams
 
 
@@ -71,22 +71,6 @@ def check_shapes(f: GGUFFile, weights: Any) -> None:
     if extra:
         raise GGUFError(f.path, f"wrong number of tensors; expected {len(names)}, got {len(f.tensors)} "
                         f"({extra[0]!r} is not a tensor of {f.architecture})", None, extra[0])
-
-
-def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = None) -> int | tuple[int, ...] | None:
-    """``llama_model_loader::get_key_or_arr``: ``{arch}.{name}`` as one integer (every layer) or an
-    array, which must have exactly ``n_layer`` entries; ``default`` if the key is absent."""
-    key = f.arch_key(name)
-    arr = f.get(key)
-    if not isinstance(arr, GGUFArray):
-        return f.get_int(key, default)
-    if len(arr) != n_layer:
-        raise GGUFError(f.path, f"key has wrong array length; expected {n_layer}, got {len(arr)}",
-                        f.fields[key].offset, key)
-    if arr.type not in INT_TYPES:
-        raise GGUFError(f.path, f"expected an array of integers, found {arr.type.name} elements",
-                        f.fields[key].offset, key)
-    return tuple(int(v) for v in arr.tolist())
 
 
 def common_hparams(f: GGUFFile) -> dict[str, Any]:

@@ -427,7 +427,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
             raise cur.fail(f"tensor type {tid} is not one the toolkit knows ({known})", f"{name}: type", type_at)
         off = cur.u64(f"{name}: offset")
         if name in f.tensors or any(x[0] == name for x in infos):
-            raise GGUFError(p, "duplicate tensor name", at, name)
+            raise GGUFError(p, "duplicate tensor name", at, name or f"name of tensor info {i}")
         infos.append((name, ne, gt, off, at))
     f.data_offset = -(-cur.pos // f.alignment) * f.alignment
     for name, ne, gt, off, at in infos:
@@ -447,3 +447,19 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 __all__ = ["GGUFArray", "GGUFField", "GGUFFile", "GGUFTensorInfo", "GGUFValueType", "f32_value", "open_gguf"]
+
+
+def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = None) -> int | tuple[int, ...] | None:
+    """``llama_model_loader::get_key_or_arr``: ``{arch}.{name}`` as one integer (every layer) or an
+    array, which must have exactly ``n_layer`` entries; ``default`` if the key is absent."""
+    key = f.arch_key(name)
+    arr = f.get(key)
+    if not isinstance(arr, GGUFArray):
+        return f.get_int(key, default)
+    if len(arr) != n_layer:
+        raise GGUFError(f.path, f"key has wrong array length; expected {n_layer}, got {len(arr)}",
+                        f.fields[key].offset, key)
+    if arr.type not in INT_TYPES:
+        raise GGUFError(f.path, f"expected an array of integers, found {arr.type.name} elements",
+                        f.fields[key].offset, key)
+    return tuple(int(v) for v in arr.tolist())

@@ -153,14 +153,18 @@ class GraphBuilder:
         raise NotImplementedError
 
     def build_output(self, res: GraphResult, cur: Tensor) -> None:
-        """After the layers: ``result_norm`` (``res.embd``) and the output head ``result_output``
+        """After the layers: :meth:`build_output_norm` (``res.embd``) and the output head ``result_output``
         (``res.logits``)."""
         m = self.model
-        cur = self.build_norm(res, cur, m.w("output_norm.weight"), -1)
-        self.cb(res, cur, "result_norm", -1)
-        res.embd = cur
+        res.embd = cur = self.build_output_norm(res, cur)
         assert m.output is not None
         res.logits = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
+
+    def build_output_norm(self, res: GraphResult, cur: Tensor) -> Tensor:
+        """The output norm after the layers, named ``result_norm`` (an architecture that picks the output
+        rows after the norm, as qwen35's ``h_nextn``, overrides it)."""
+        cur = self.build_norm(res, cur, self.model.w("output_norm.weight"), -1)
+        return self.cb(res, cur, "result_norm", -1)
 
     # ---- inputs ---------------------------------------------------------------------------------
     def build_inp_embd(self, res: GraphResult) -> Tensor:

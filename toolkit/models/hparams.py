@@ -9,8 +9,8 @@ A :class:`HParams` describes a model of one of the registered architectures
 - head sizes per role: ``n_embd_head_k`` and ``n_embd_head_v`` (``attention.key_length`` /
   ``attention.value_length``, default ``n_embd / n_head``);
 - features as small records that check themselves: the sliding window (:class:`SWAParams`,
-  ``is_swa(il)``), the experts (:class:`~toolkit.models.moe.MoEParams`); ``is_recr(il)`` is False
-  for every architecture built so far;
+  ``is_swa(il)``), the experts (:class:`~toolkit.models.moe.MoEParams`), the recurrent layers of a
+  hybrid (:class:`~toolkit.models.ssm.RecurrentParams`, ``is_recr(il)``), the M-RoPE sections;
 - the weights: their shapes come from the architecture's record
   (:meth:`toolkit.models.archs.Architecture.weights`, which the hyperparameters do not look up:
   ``arch`` is a name the registry resolves, above this module); here the type of each (``dtype`` for 2-D
@@ -42,6 +42,7 @@ from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
 from toolkit.models import moe as moe_ffn
 from toolkit.models.moe import MoEParams
+from toolkit.models.ssm import RecurrentParams
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -175,7 +176,7 @@ class RopeScaling:
                    float(d.get("yarn_log_mul", 0.0) or 0.0))
 
 
-def _per_layer(what: str, value: int | Sequence[int], n_layer: int) -> PerLayer:
+def _per_layer(what: str, value: int | Sequence[int], n_layer: int, min_value: int = 1) -> PerLayer:
     """``get_key_or_arr``: one value for every layer, or exactly n_layer values; an int when they agree."""
     if isinstance(value, int) and not isinstance(value, bool):
         vals: tuple[Any, ...] = (value,)
@@ -186,8 +187,8 @@ def _per_layer(what: str, value: int | Sequence[int], n_layer: int) -> PerLayer:
     else:
         raise ToolkitError(f"{what} must be a positive integer or one per layer, got {value!r}")
     for v in vals:
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ToolkitError(f"{what} must be a positive integer, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < min_value:
+            raise ToolkitError(f"{what} must be an integer >= {min_value}, got {v!r}")
     return vals[0] if len(set(vals)) == 1 else vals
 
 
@@ -249,6 +250,8 @@ class HParams:
     n_embd_per_layer: int = 0           # embedding_length_per_layer_input (Gemma 4's per-layer embeddings)
     final_logit_softcapping: float = 0.0  # final_logit_softcapping; 0: none
     attn_v_full: bool = True            # the full-attention layers have attn_v (False: V = K, Gemma 4)
+    recurrent: RecurrentParams | None = None  # the recurrent layers of a hybrid (is_recr) and their state sizes
+    rope_sections: tuple[int, ...] | None = None  # rope.dimension_sections (ggml_rope_multi), 4 values
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -259,7 +262,9 @@ class HParams:
                  rope_freqs: Sequence[float] | None = None, swa: SWAParams | None = None,
                  moe: MoEParams | None = None, rope_scaling: RopeScaling | None = None,
                  n_kv_shared: int = 0, n_embd_per_layer: int = 0, final_logit_softcapping: float = 0.0,
-                 attn_v_full: bool = True, n_head_arr: PerLayer | None = None,
+                 attn_v_full: bool = True,
+                 recurrent: RecurrentParams | None = None, rope_sections: Sequence[int] | None = None,
+                 n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
@@ -272,7 +277,8 @@ class HParams:
             raise ToolkitError("n_head and n_ff are required")
         heads = _per_layer("n_head", heads, n_layer)
         kv = n_head_kv if n_head_kv is not None else n_head_kv_arr
-        kv = heads if kv is None else _per_layer("n_head_kv", kv, n_layer)
+        # a recurrent layer of a hybrid may have no KV heads (LFM2's head_count_kv array)
+        kv = heads if kv is None else _per_layer("n_head_kv", kv, n_layer, 0 if recurrent is not None else 1)
         ff = _per_layer("n_ff", ff, n_layer)
         s = object.__setattr__
         for k, val in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head_arr", heads), ("n_head_kv_arr", kv),
@@ -284,12 +290,16 @@ class HParams:
                        ("name", name), ("arch", arch), ("rope_freqs", rope_freqs), ("swa", swa), ("moe", moe),
                        ("rope_scaling", rope_scaling), ("n_kv_shared", n_kv_shared),
                        ("n_embd_per_layer", n_embd_per_layer),
-                       ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full)):
+                       ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full),
+                       ("recurrent", recurrent),
+                       ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections))):
             s(self, k, val)
         self._check()
 
     def _check(self) -> None:
         for il in range(self.n_layer):
+            if self.n_head_kv(il) == 0:
+                continue
             if self.n_head(il) % self.n_head_kv(il):
                 raise ToolkitError(f"n_head={self.n_head(il)} is not a multiple of n_head_kv={self.n_head_kv(il)}"
                                    + (f" (layer {il})" if not isinstance(self.n_head_arr, int) else ""))
@@ -306,6 +316,11 @@ class HParams:
         if self.n_kv_shared >= self.n_layer:
             raise ToolkitError(f"n_kv_shared={self.n_kv_shared} must be below n_layer={self.n_layer} "
                                "(the first layers keep their own cache)")
+        if self.recurrent is not None and len(self.recurrent.layers) != self.n_layer:
+            raise ToolkitError(f"the recurrent layers have {len(self.recurrent.layers)} per-layer flags; "
+                               f"n_layer={self.n_layer} needs {self.n_layer}")
+        if self.rope_sections is not None and len(self.rope_sections) != 4:
+            raise ToolkitError(f"rope_sections has {len(self.rope_sections)} values; ggml_rope_multi takes 4")
         if self.swa is not None and self.swa.layers is not None and len(self.swa.layers) != self.n_layer:
             raise ToolkitError(f"the sliding window has {len(self.swa.layers)} per-layer flags; "
                                f"n_layer={self.n_layer} needs {self.n_layer}")
@@ -321,7 +336,8 @@ class HParams:
         return _at(self.n_ff_arr, il)
 
     def n_gqa(self, il: int = 0) -> int:
-        return self.n_head(il) // self.n_head_kv(il)
+        kv = self.n_head_kv(il)
+        return self.n_head(il) // kv if kv else 0
 
     @property
     def n_embd_head_k(self) -> int:
@@ -383,9 +399,16 @@ class HParams:
         return self.swa is not None and self.swa.is_swa(il)
 
     def is_recr(self, il: int) -> bool:
-        """``llama_hparams::is_recr``: layer il keeps a recurrent state (no architecture built so far)."""
-        del il
-        return False
+        """``llama_hparams::is_recr``: layer il keeps a recurrent state (a hybrid's recurrent layers)."""
+        return self.recurrent is not None and self.recurrent.is_recr(il)
+
+    def n_embd_r(self) -> int:
+        """``llama_hparams::n_embd_r``: the convolution state's values per sequence (0 without recurrent layers)."""
+        return self.recurrent.n_embd_r(self.n_embd) if self.recurrent is not None else 0
+
+    def n_embd_s(self) -> int:
+        """``llama_hparams::n_embd_s``: the SSM state's values per sequence."""
+        return self.recurrent.n_embd_s() if self.recurrent is not None else 0
 
     def rope_base(self, il: int) -> float:
         """``llama_model::get_rope_freq_base``: the SWA base on SWA layers."""
@@ -449,6 +472,8 @@ class HParams:
                 n_kv_shared=int(d.get("n_kv_shared", 0) or 0), n_embd_per_layer=int(d.get("n_embd_per_layer", 0) or 0),
                 final_logit_softcapping=float(d.get("final_logit_softcapping", 0.0) or 0.0),
                 attn_v_full=bool(d.get("attn_v_full", True)),
+                recurrent=RecurrentParams.from_dict(d) if d.get("recurrent_layers") else None,
+                rope_sections=tuple(int(x) for x in d["rope_sections"]) if d.get("rope_sections") else None,
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -472,6 +497,8 @@ class HParams:
             **({"n_embd_per_layer": self.n_embd_per_layer} if self.n_embd_per_layer else {}),
             **({"final_logit_softcapping": self.final_logit_softcapping} if self.final_logit_softcapping else {}),
             **({} if self.attn_v_full else {"attn_v_full": False}),
+            **(self.recurrent.to_dict() if self.recurrent is not None else {}),
+            **({"rope_sections": list(self.rope_sections)} if self.rope_sections is not None else {}),
         }
 
 

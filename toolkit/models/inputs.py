@@ -25,6 +25,7 @@ import numpy as np
 
 from toolkit.ggml.tensor import Tensor
 from toolkit.models.memory import KVCache, UBatch
+from toolkit.models.memory_recurrent import RecurrentMemory
 
 
 @dataclass(eq=False)
@@ -69,12 +70,17 @@ class InputEmbd(GraphInput):
 
 @dataclass(eq=False)
 class InputPos(GraphInput):
-    """``llm_graph_input_pos``: one position per token."""
+    """``llm_graph_input_pos``: one position per token, or ``n_pos`` (M-RoPE's 4, ``n_pos_per_embd``): for
+    text the token's position three times, then 0 (each a run of n_tokens values)."""
 
     pos: Tensor
+    n_pos: int = 1
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
-        return {self.pos: ub.pos.astype(np.int32)}
+        p = ub.pos.astype(np.int32)
+        if self.n_pos == 1:
+            return {self.pos: p}
+        return {self.pos: np.concatenate([p] * (self.n_pos - 1) + [np.zeros_like(p)] * (self.n_pos >= 4))}
 
 
 @dataclass(eq=False)
@@ -135,3 +141,36 @@ class InputAttnKVISWA(GraphInput):
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
         return {**self.base.set_input(ub), **self.swa.set_input(ub)}
+
+
+@dataclass(eq=False)
+class InputRS(GraphInput):
+    """``llm_graph_input_rs``: ``s_copy`` (``n_rs`` I32, which cell each state is read from) and its two
+    views, ``s_copy_main`` (the ubatch's ``n_seqs`` states) and ``s_copy_extra`` (the rest)."""
+
+    rs: RecurrentMemory
+    s_copy: Tensor
+    s_copy_main: Tensor
+    s_copy_extra: Tensor
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        """Each state is read from its own cell (``llama_memory_recurrent_context::s_copy``, no sequence copied)."""
+        del ub
+        return {self.s_copy: np.arange(self.rs.head, self.rs.head + self.s_copy.ne[0], dtype=np.int32)}
+
+
+@dataclass(eq=False)
+class InputMemHybrid(GraphInput):
+    """``llm_graph_input_mem_hybrid``: the attention layers' KV inputs and the recurrent layers' ``s_copy``."""
+
+    attn: InputAttnKV
+    rs: InputRS
+
+    def layer_input(self, il: int) -> InputAttnKV:
+        return self.attn
+
+    def expand_order(self, k_cur: Tensor, v_cur: Tensor) -> tuple[Tensor, Tensor]:
+        return self.attn.expand_order(k_cur, v_cur)
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        return {**self.rs.set_input(ub), **self.attn.set_input(ub)}

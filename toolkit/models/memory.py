@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toolkit.backend import Buffer, BufferType
-from toolkit.errors import ParameterError
+from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.ggml.types import GGMLType
 from toolkit.models.cparams import ResolvedParams
 from toolkit.models.hparams import HParams
 from toolkit.models.loader import LoadedModel
+from toolkit.models.memory_recurrent import RecurrentMemory, make_recurrent_memory
 
 I64 = GGMLType.I64
 MIB = 2**20
@@ -38,9 +39,11 @@ MIB = 2**20
 SWA_CACHE_PAD = 256
 SWA_FULL_WARNING = ("llama_kv_cache_iswa: using full-size SWA cache "
                     "(ref: https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")
-# memory kinds create_memory builds (llama_model::create_memory's default branch: attention KV)
-MEMORY_KINDS = ("kv",)
-# group labels of the memory's buffers (a recurrent state will add "RS")
+# memory kinds create_memory builds (llama_model::create_memory's default branch: attention KV; a hybrid
+# architecture's llama_memory_hybrid: a KV cache over the attention layers, a recurrent memory over the others)
+MEMORY_KV, MEMORY_HYBRID = "kv", "hybrid"
+MEMORY_KINDS = (MEMORY_KV, MEMORY_HYBRID)
+# group labels of the memory's buffers
 GROUP_KV, GROUP_KV_SWA = "KV", "KV-SWA"
 
 
@@ -475,14 +478,16 @@ def swa_cache_size(hp: HParams, rp: ResolvedParams, *, swa_full: bool, unified: 
 class Memory:
     """``llama_memory_i``: the caches ``create_memory`` made, in creation order, and what it logged.
 
-    ``kind`` is "kv" (one ``llama_kv_cache``) or "kv-iswa" (``llama_kv_cache_iswa``: the non-SWA cache,
-    then the SWA cache). Per ubatch, :meth:`apply_ubatch` finds a slot in every cache and applies it;
-    the graph inputs then read each cache's slot and cells.
+    ``kind`` is "kv" (one ``llama_kv_cache``), "kv-iswa" (``llama_kv_cache_iswa``: the non-SWA cache,
+    then the SWA cache) or "hybrid" (``llama_memory_hybrid``: the KV cache of the attention layers and
+    the :attr:`recurrent` states of the others, group "RS"). Per ubatch, :meth:`apply_ubatch` finds a
+    slot in every cache and applies it; the graph inputs then read each cache's slot and cells.
     """
 
     caches: list[KVCache]
     kind: str = "kv"
     warnings: list[str] = field(default_factory=list)
+    recurrent: RecurrentMemory | None = None
 
     # ---- layout --------------------------------------------------------------------------------
     def cache_of(self, il: int) -> KVCache:
@@ -507,18 +512,20 @@ class Memory:
 
     @property
     def tensors(self) -> list[Tensor]:
-        """Every cache tensor (what the runtime keeps on the devices between ubatches)."""
-        return [t for c in self.caches for t in c.tensors]
+        """Every cache tensor (what the runtime keeps on the devices between ubatches), the recurrent states last."""
+        return [t for c in self.caches for t in c.tensors] + (self.recurrent.tensors if self.recurrent else [])
 
     # ---- bytes ---------------------------------------------------------------------------------
     @property
     def groups(self) -> dict[str, dict[str, int]]:
-        """Buffer bytes by memory group ("KV"; iSWA: "KV" and "KV-SWA") and buffer name."""
+        """Buffer bytes by memory group ("KV"; iSWA: "KV" and "KV-SWA"; a hybrid: "KV" and "RS") and buffer name."""
         out: dict[str, dict[str, int]] = {}
         for c in self.caches:
             g = out.setdefault(c.group, {})
             for name, b in c.buffers_bytes.items():
                 g[name] = g.get(name, 0) + b
+        if self.recurrent is not None:
+            out[self.recurrent.group] = dict(self.recurrent.buffers_bytes)
         return out
 
     def buffers_bytes(self) -> dict[str, int]:
@@ -541,9 +548,10 @@ class Memory:
         return sum(c.total_bytes for c in self.caches)
 
     def log_lines(self) -> list[str]:
-        """What creating this memory logs (``llama_kv_cache_iswa`` adds its warning and a line per cache)."""
+        """What creating this memory logs (``llama_kv_cache_iswa`` adds its warning and a line per cache;
+        ``llama_memory_hybrid`` the recurrent memory's lines after the KV cache's)."""
         if len(self.caches) == 1:
-            return self.caches[0].log_lines()
+            return self.caches[0].log_lines() + (self.recurrent.log_lines() if self.recurrent else [])
         out = list(self.warnings)
         for c in self.caches:
             out += [iswa_cache_line(c.kind, c.kv_size), *c.log_lines()]
@@ -580,6 +588,17 @@ class Memory:
             c.clear()
 
 
+def v_padding_warnings(hp: HParams, flash_attn: bool) -> list[str]:
+    """``llama_kv_cache`` [TAG_V_CACHE_VARIABLE]: a transposed V cache (no flash attention) over layers whose
+    ``n_embd_v_gqa`` differ (``is_n_embd_v_gqa_variable``, every layer counted) is padded to the largest,
+    with a warning."""
+    sizes = {hp.n_embd_v_gqa(il) for il in range(hp.n_layer)}
+    if flash_attn or len(sizes) < 2:
+        return []
+    return [f"llama_kv_cache: the V embeddings have different sizes across layers and FA is not enabled - "
+            f"padding V cache to {max(sizes)}"]
+
+
 def create_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool, swa_full: bool,
                   unified: bool, kind: str = "kv") -> Memory:
     """``llama_model::create_memory``: one ``llama_kv_cache``, or ``llama_kv_cache_iswa``'s two (the
@@ -587,6 +606,8 @@ def create_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
     if kind not in MEMORY_KINDS:
         raise ParameterError("kind", kind, f"a memory kind create_memory builds: {', '.join(MEMORY_KINDS)}")
     hp = model.hparams
+    if kind == MEMORY_HYBRID:
+        return create_hybrid_memory(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn)
     if not hp.is_swa_any:
         return Memory([make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn)], "kv")
     swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
@@ -596,3 +617,18 @@ def create_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
     kv_swa = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=swa, kv_size=size,
                            kind="SWA", group=GROUP_KV_SWA, n_swa=hp.n_swa)
     return Memory([kv_base, kv_swa], "kv-iswa", [SWA_FULL_WARNING] if swa_full else [])
+
+
+def create_hybrid_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, flash_attn: bool) -> Memory:
+    """``llama_memory_hybrid``: first the ``llama_kv_cache`` over the layers that are not recurrent
+    (``n_ctx_seq`` cells per stream), then the ``llama_memory_recurrent`` over the recurrent ones
+    (``max(1, n_seq_max)`` rows, ``n_rs_seq`` 0), both placed by the layer's device when offloaded."""
+    hp = model.hparams
+    if hp.is_swa_any:
+        raise UnsupportedFeature("hybrid iSWA memory", "llama_memory_hybrid_iswa (a hybrid with a sliding window) "
+                                 "is not built")
+    attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
+    recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
+    kv = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=attn)
+    rs = make_recurrent_memory(model, rp.n_seq_max, offload=offload_kqv, layers=recr)
+    return Memory([kv], MEMORY_HYBRID, v_padding_warnings(hp, flash_attn), rs)

@@ -78,12 +78,15 @@ class MoEParams:
     n_ff_exp: int = 0
     weights_scale: float = 0.0
     gating: str = "softmax"
+    n_ff_shexp: int = 0     # expert_shared_feed_forward_length: a shared expert built beside (qwen35moe)
 
     def __post_init__(self) -> None:
         if not isinstance(self.n_expert, int) or not 0 < self.n_expert <= MAX_EXPERTS:
             raise ValueError(f"n_expert={self.n_expert!r} must be in 1..{MAX_EXPERTS}")
         if not isinstance(self.n_expert_used, int) or not 0 < self.n_expert_used <= self.n_expert:
             raise ValueError(f"n_expert_used={self.n_expert_used!r} must be in 1..n_expert={self.n_expert}")
+        if not isinstance(self.n_ff_shexp, int) or self.n_ff_shexp < 0:
+            raise ValueError(f"n_ff_shexp={self.n_ff_shexp!r} must be an integer >= 0")
         if not isinstance(self.n_ff_exp, int) or self.n_ff_exp < 0:
             raise ValueError(f"n_ff_exp={self.n_ff_exp!r} must be an integer >= 0")
         if self.gating not in GATING_FUNCS:
@@ -107,7 +110,8 @@ class MoEParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_expert": self.n_expert, "n_expert_used": self.n_expert_used, "n_ff_exp": self.n_ff_exp,
-                "expert_weights_scale": self.weights_scale, "expert_gating": self.gating}
+                "expert_weights_scale": self.weights_scale, "expert_gating": self.gating,
+                **({"n_ff_shexp": self.n_ff_shexp} if self.n_ff_shexp else {})}
 
 
 def layer_tensors(p: MoEParams, n_embd: int, n_ff: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
@@ -130,7 +134,7 @@ def from_dict(d: Mapping[str, Any]) -> MoEParams | None:
     return MoEParams(n_expert=n, n_expert_used=int(d.get("n_expert_used", 0) or 0),
                      n_ff_exp=int(d.get("n_ff_exp", 0) or 0),
                      weights_scale=float(d.get("expert_weights_scale", 0.0) or 0.0),
-                     gating=str(d.get("expert_gating", "softmax")))
+                     gating=str(d.get("expert_gating", "softmax")), n_ff_shexp=int(d.get("n_ff_shexp", 0) or 0))
 
 
 # GGUF keys of MoE variants build_moe_ffn's plain path does not cover
@@ -160,14 +164,17 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
         v = get(f"{arch}.{key}")
         if v:
             raise UnsupportedFeature(feature, f"GGUF key {arch}.{key}={v}: {feature} are not implemented")
+    # expert_shared_feed_forward_length (llama_hparams::n_ff_shexp): the architecture builds a shared expert
+    # beside the routed ones (qwen35moe); its architecture's tensor list decides whether the file fits
+    n_ff_shexp = int(get(f"{arch}.expert_shared_feed_forward_length") or 0)
     for name in tensor_names:
         for frag, feature in _UNSUPPORTED_TENSORS.items():
-            if frag in name:
+            if frag in name and not (frag == "_shexp" and n_ff_shexp):
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
     # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
     # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
     return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
-                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0))
+                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0), n_ff_shexp=n_ff_shexp)
 
 
 def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None, up_exps: Tensor | None,

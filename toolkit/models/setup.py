@@ -151,6 +151,9 @@ def setup(hp: HParams, cp: ContextParams, backends: list[Backend] | None = None,
         # llama_context's constructor warns and goes on
         warnings = [f"llama_context: n_ctx_seq ({rp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- "
                     "possible training context overflow", *warnings]
+    n_ctx_padded = -(-(cp.n_ctx if cp.n_ctx > 0 else hp.n_ctx_train) // 256) * 256
+    if not cp.kv_unified and rp.n_ctx != n_ctx_padded:
+        warnings = [f"llama_context: n_ctx is not divisible by n_seq_max - rounding down to {rp.n_ctx}", *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
     # llama_model_loader warns before the memory is created
     warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]

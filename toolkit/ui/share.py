@@ -106,8 +106,8 @@ table { border-collapse: collapse; font-size: 12px; } td { border: 1px solid #88
 
 
 def report_html(sections: Sequence[Section], title: str = "toolkit report",
-                meta: Mapping[str, str] | None = None) -> str:
-    """The whole report as one HTML string (plotly.js inline)."""
+                meta: Mapping[str, str] | None = None, preamble: str = "") -> str:
+    """The whole report as one HTML string (plotly.js inline); ``preamble`` (HTML) comes before the sections."""
     from toolkit.version import __version__
 
     info = {"toolkit": __version__, "written": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -117,16 +117,30 @@ def report_html(sections: Sequence[Section], title: str = "toolkit report",
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
             f"<body><h1>{html.escape(title)}</h1><p class='toolkit-report-meta' data-version='{info['toolkit']}'>"
-            f"{html.escape(head)}</p>{body}"
+            f"{html.escape(head)}</p>{preamble}{body}"
             f"<script type='application/json' id='toolkit-report-info'>{json.dumps(info)}</script></body></html>")
 
 
 def save_html(path: str | Path, sections: Sequence[Section], title: str = "toolkit report",
-              meta: Mapping[str, str] | None = None) -> Path:
+              meta: Mapping[str, str] | None = None, preamble: str = "") -> Path:
     """Write :func:`report_html` to ``path``; returns the path."""
     p = Path(path)
-    p.write_text(report_html(sections, title, meta), encoding="utf-8")
+    p.write_text(report_html(sections, title, meta, preamble), encoding="utf-8")
     return p
+
+
+def explained_html(compared: Sequence[Mapping[str, Any]], missing: Sequence[str], causes: Sequence[str]) -> str:
+    """``explain --html``'s table: each logged number (its line) beside the toolkit's, then what was assumed."""
+    rows = "".join(
+        f"<tr class='toolkit-explain-row' data-equal='{int(bool(c['equal']))}'><td>{c['line']}</td>"
+        f"<td>{html.escape(str(c['what']))}</td><td>{html.escape(str(c['buffer']))}</td><td>{c['logged']}</td>"
+        f"<td>{c['ours'] if c['ours'] is not None else '-'}</td><td>{'=' if c['equal'] else '&ne;'}</td>"
+        f"<td><code>{html.escape(str(c['text']))}</code></td></tr>" for c in compared)
+    notes = "".join(f"<li>assumed: {html.escape(m)}</li>" for m in missing)
+    notes += "".join(f"<li>could explain a difference: {html.escape(m)}</li>" for m in causes)
+    return ("<section class='toolkit-explain'><h2>the log's numbers beside the toolkit's</h2>"
+            "<table class='toolkit-explain-table'><tr><td>line</td><td>what</td><td>buffer</td><td>logged</td>"
+            f"<td>toolkit</td><td></td><td>log line</td></tr>{rows}</table><ul>{notes}</ul></section>")
 
 
 def save_cases_html(path: str | Path, cases: Sequence[Mapping[str, Any]], source: str = "") -> Path:

@@ -8,7 +8,7 @@ from outside the toolkit (a test, a notebook):
 
 >>> from toolkit.models import archs
 >>> archs.names()
-('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss')
+('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss', 'qwen35', 'qwen35moe', 'lfm2')
 >>> archs.get("gemma3").rope_type, archs.get("qwen3").qk_norm
 (2, True)
 
@@ -20,7 +20,7 @@ hyperparameters name their architecture (``arch``) and the setup looks its recor
 from __future__ import annotations
 
 from toolkit.errors import ParameterError, UnsupportedFeature
-from toolkit.models.archs import gemma3, gemma4, gpt_oss, llama, qwen3
+from toolkit.models.archs import gemma3, gemma4, gpt_oss, lfm2, llama, qwen3, qwen35
 from toolkit.models.archs.base import (
     MEMORY_KV,
     ROPE_TYPE_NEOX,
@@ -31,7 +31,7 @@ from toolkit.models.archs.base import (
 from toolkit.models.hparams import HParams
 
 # the modules of this package that define the built-in architectures (each exports ARCHITECTURES)
-BUILTIN_MODULES = (llama, qwen3, gemma3, gpt_oss, gemma4)
+BUILTIN_MODULES = (llama, qwen3, gemma3, gpt_oss, gemma4, qwen35, lfm2)
 
 _registry: dict[str, Architecture] = {arch.name: arch for m in BUILTIN_MODULES for arch in m.ARCHITECTURES}
 

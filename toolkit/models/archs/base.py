@@ -57,7 +57,7 @@ class TensorSpec:
     ne: tuple[int, ...]
     op: str = ""          # "": MUL for a 1-D norm, MUL_MAT for a matrix
     keep_f32: bool = False
-    kind: str = "weight"  # "bias": blk.<il>.<suffix>.bias
+    kind: str = "weight"  # "bias": blk.<il>.<suffix>.bias; "": blk.<il>.<suffix> (qwen35's ssm_a)
 
     def __post_init__(self) -> None:
         if not self.op:
@@ -118,7 +118,7 @@ class Architecture(abc.ABC):
         out.append(hp.weight("token_embd.weight", (E, hp.n_vocab), -1, "GET_ROWS"))
         for il in range(hp.n_layer):
             for t in self.layer_tensors(hp, il):
-                name = f"blk.{il}.{t.suffix}.{t.kind}"
+                name = f"blk.{il}.{t.suffix}.{t.kind}" if t.kind else f"blk.{il}.{t.suffix}"
                 if t.keep_f32 and not any(name.endswith(s) for s in hp.tensor_types):
                     out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
                 else:
