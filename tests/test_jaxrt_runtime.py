@@ -101,18 +101,20 @@ def test_context_decode_keeps_kv_across_reuse(gguf_path: str) -> None:
 
 @pytest.mark.parametrize("fa", ["off", "on"])   # off: V stored transposed; on: V by rows
 def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
-    # n_seq_max 2 without kv_unified: a stream of 128 cells per sequence (n_ctx 256 / 2)
+    # n_seq_max 2 without kv_unified: n_ctx_seq = GGML_PAD(256 / 2, 256) = 256 cells per sequence,
+    # and llama_context rounds n_ctx up to 2 * 256
     multi = ctx_for(gguf_path, n_seq_max=2, flash_attn=fa)
     kv = multi.setup.memory.caches[0]
-    assert kv.n_stream == 2 and kv.kv_size == 128
+    assert kv.n_stream == 2 and kv.kv_size == 256
+    assert (multi.setup.resolved.n_ctx, multi.setup.resolved.n_ctx_seq) == (512, 256)
     a, b = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8]
     got_a = [decode(multi, a[:5], seq_id=0)]
     got_b = [decode(multi, b[:4], seq_id=1)]
     got_a.append(decode(multi, a[5:], seq_id=0))
     got_b.append(decode(multi, b[4:], seq_id=1))
     # each sequence alone, in a context of one sequence with as many cells
-    alone_a = decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), a)
-    alone_b = decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), b)
+    alone_a = decode(ctx_for(gguf_path, n_ctx=256, flash_attn=fa), a)
+    alone_b = decode(ctx_for(gguf_path, n_ctx=256, flash_attn=fa), b)
     np.testing.assert_allclose(np.concatenate(got_a), alone_a, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(got_b), alone_b, rtol=1e-5, atol=1e-5)
     rt = runtime_of(multi)
@@ -128,7 +130,7 @@ def test_sequences_decode_in_their_own_streams(gguf_path: str, fa: str) -> None:
     assert rt.seq_past == [8, 0]
     np.testing.assert_allclose(decode(multi, b, seq_id=1), alone_b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(decode(multi, [5], seq_id=0)[0],
-                               decode(ctx_for(gguf_path, n_ctx=128, flash_attn=fa), [*a, 5])[-1], rtol=1e-5, atol=1e-5)
+                               decode(ctx_for(gguf_path, n_ctx=256, flash_attn=fa), [*a, 5])[-1], rtol=1e-5, atol=1e-5)
     for bad in (2, -1, "0", True):
         with pytest.raises(ParameterError) as e:
             decode(multi, [1], seq_id=bad)  # type: ignore[arg-type]
