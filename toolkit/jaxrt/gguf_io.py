@@ -69,7 +69,9 @@ def read_gguf(path: str | Path | GGUFFile, *, with_tensors: bool = True) -> GGUF
 
 
 def random_weights(hp: HParams, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
-    """Random f32 values for every weight of hp (numpy order: ne reversed); norms near 1."""
+    """Random f32 values for every weight of hp (numpy order: ne reversed); norms near 1. ``rope_freqs.weight``
+    holds hp's own ``rope_freqs`` factors when hp has them (they are a hyperparameter the file carries as a
+    weight, and a reader gets them back from it)."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for w in archs.get(hp.arch).weights(hp):
@@ -78,6 +80,8 @@ def random_weights(hp: HParams, seed: int = 0, scale: float = 0.1) -> dict[str, 
             out[w.name] = (1.0 + scale * rng.standard_normal(shape)).astype(np.float32)
         else:
             out[w.name] = (scale * rng.standard_normal(shape)).astype(np.float32)
+        if w.name == "rope_freqs.weight" and hp.rope_freqs is not None:
+            out[w.name] = np.asarray(hp.rope_freqs, np.float32).reshape(shape)
     return out
 
 

@@ -306,7 +306,7 @@ class HParams:
         if (self.n_embd_head_k_ is None or self.n_embd_head_v_ is None) and self.n_embd % self.n_head(0):
             raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head(0)}")
         if self.rope_freqs is not None:
-            rf = tuple(float(x) for x in self.rope_freqs)
+            rf = tuple(float(x) for x in np.asarray(self.rope_freqs, np.float32))  # rope_freqs.weight is F32
             if len(rf) != self.n_rot // 2:
                 raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)

@@ -149,11 +149,13 @@ _UNSUPPORTED_TENSORS = {
 }
 
 
-def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> MoEParams | None:
+def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
+              built: tuple[str, ...] = ()) -> MoEParams | None:
     """The MoE keys of a GGUF (``<arch>.expert_count`` & co.) through ``get(key) -> value | None``.
 
     Variants this toolkit does not build (shared experts, expert groups, merged gate/up) are refused
-    with :class:`UnsupportedFeature` naming the feature. The router and expert biases are built (an
+    with :class:`UnsupportedFeature` naming the feature, except the tensors in ``built``
+    (``Architecture.moe_tensors``: the architecture builds them). The router and expert biases are built (an
     architecture that lists them, gpt-oss); a file of another architecture that carries them has more
     tensors than its architecture creates, which :func:`toolkit.models.gguf.check_shapes` refuses.
     """
@@ -169,7 +171,7 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str]) -> 
     n_ff_shexp = int(get(f"{arch}.expert_shared_feed_forward_length") or 0)
     for name in tensor_names:
         for frag, feature in _UNSUPPORTED_TENSORS.items():
-            if frag in name and not (frag == "_shexp" and n_ff_shexp):
+            if frag in name and frag not in built and not (frag == "_shexp" and n_ff_shexp):
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
     # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
     # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0

@@ -75,6 +75,9 @@ class Architecture(abc.ABC):
     memory: str = MEMORY_KV
     # load_arch_tensors creates the tied output (TENSOR_DUPLICATED) before token_embd: always its own tensor
     tied_output_first: bool = False
+    # MoE tensors build_moe_ffn's plain path lacks that this architecture builds (gemma4: the merged
+    # ffn_gate_up_exps); toolkit.models.moe.from_gguf refuses them in any other architecture's file
+    moe_tensors: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:

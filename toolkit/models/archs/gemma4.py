@@ -37,18 +37,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from toolkit.errors import UnsupportedFeature
+from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F32, I32
 from toolkit.models import moe as moe_ffn
 from toolkit.models.archs.base import ROPE_TYPE_NEOX, Architecture, TensorSpec
+from toolkit.models.gguf_file import GGUFArray, GGUFFile
 from toolkit.models.graph import GraphBuilder, GraphResult
-from toolkit.models.hparams import ROPE_FREQS_LAYER, WeightInfo
+from toolkit.models.hparams import ROPE_FREQS_LAYER, SWAParams, WeightInfo
 from toolkit.models.inputs import GraphInput
 
 if TYPE_CHECKING:
@@ -252,6 +253,48 @@ class Gemma4(Architecture):
                                       tuple(full)))
         return out
 
+    def read_hparams(self, f: GGUFFile) -> dict[str, Any]:
+        """``llama_model_gemma4::load_arch_hparams`` and ``llama_model::load_hparams``'s SWA head sizes.
+
+        ``attention.sliding_window_pattern`` is one flag per layer (``get_key_or_arr``), the window is
+        required; ``key_length_swa`` / ``value_length_swa`` / ``rope.dimension_count_swa`` default to the
+        full layers' sizes (None here) and ``rope.freq_base_swa`` to ``rope.freq_base``. Whether full
+        layers have ``attn_v`` is the file's tensor list (``TENSOR_NOT_REQUIRED``; without it V = K)."""
+        n_layer = f.require_int(f.arch_key("block_count"))
+        key = f.arch_key("attention.sliding_window_pattern")
+        flags = f.get(key)
+        if flags is None:
+            raise GGUFError(f.path, "required key is missing (Gemma 4's per-layer sliding window)", None, key)
+        layers = tuple(bool(x) for x in flags.tolist()) if isinstance(flags, GGUFArray) else (bool(flags),) * n_layer
+        if len(layers) != n_layer:
+            raise GGUFError(f.path, f"key has wrong array length; expected {n_layer}, got {len(layers)}",
+                            f.fields[key].offset, key)
+        swa = SWAParams(window=f.require_int(f.arch_key("attention.sliding_window")), layers=layers,
+                        rope_freq_base=f.get_float(f.arch_key("rope.freq_base_swa"), None),
+                        n_embd_head_k=f.get_int(f.arch_key("attention.key_length_swa"), None),
+                        n_embd_head_v=f.get_int(f.arch_key("attention.value_length_swa"), None),
+                        n_rot=f.get_int(f.arch_key("rope.dimension_count_swa"), None))
+        full = [il for il in range(n_layer) if not layers[il]]
+        return {"swa": swa, "n_kv_shared": f.get_int(f.arch_key("attention.shared_kv_layers"), 0) or 0,
+                "n_embd_per_layer": f.require_int(f.arch_key("embedding_length_per_layer_input")),
+                "final_logit_softcapping": f.get_float(f.arch_key("final_logit_softcapping"), 0.0) or 0.0,
+                "attn_v_full": any(f"blk.{il}.attn_v.weight" in f.tensors for il in full)}
+
+    def gguf_keys(self, hp: HParams) -> dict[str, Any]:
+        swa = hp.swa
+        assert swa is not None and swa.layers is not None
+        out: dict[str, Any] = {"attention.sliding_window": swa.window,
+                               "attention.sliding_window_pattern": list(swa.layers),
+                               "attention.shared_kv_layers": hp.n_kv_shared,
+                               "embedding_length_per_layer_input": hp.n_embd_per_layer}
+        for k, v in (("rope.freq_base_swa", swa.rope_freq_base), ("attention.key_length_swa", swa.n_embd_head_k),
+                     ("attention.value_length_swa", swa.n_embd_head_v), ("rope.dimension_count_swa", swa.n_rot)):
+            if v is not None:
+                out[k] = v
+        if hp.final_logit_softcapping:
+            out["final_logit_softcapping"] = hp.final_logit_softcapping
+        return out
+
     def check(self, hp: HParams) -> None:
         if hp.swa is None:
             raise UnsupportedFeature("swa", f"{self.name} needs a sliding window (attention.sliding_window)")
@@ -265,7 +308,8 @@ class Gemma4(Architecture):
                                          f"(layer {il}: {hp.n_embd_head_k_at(il)} vs {hp.n_embd_head_v_at(il)})")
 
 
-GEMMA4 = Gemma4("gemma4", Gemma4GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True, tied_output_first=True)
+GEMMA4 = Gemma4("gemma4", Gemma4GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True, tied_output_first=True,
+                moe_tensors=("ffn_gate_up_exps",))
 ARCHITECTURES = (GEMMA4,)
 
 __all__ = ["ARCHITECTURES", "GEMMA4", "Gemma4", "Gemma4GraphBuilder", "InputPerLayerTokens"]
