@@ -8,7 +8,7 @@ from outside the toolkit (a test, a notebook):
 
 >>> from toolkit.models import archs
 >>> archs.names()
-('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss', 'qwen35', 'qwen35moe', 'lfm2')
+('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss', 'gemma4', 'qwen35', 'qwen35moe', 'lfm2')
 >>> archs.get("gemma3").rope_type, archs.get("qwen3").qk_norm
 (2, True)
 
