@@ -18,6 +18,7 @@ from toolkit.models.devices import make_devices
 from toolkit.models.inputs import InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
 from toolkit.models.loader import load_model
 from toolkit.models.memory import GROUP_KV, GROUP_KV_SWA, KVCache, Memory, UBatch, create_memory
+from toolkit.models.memory_recurrent import RecurrentMemory
 from toolkit.models.setup import setup
 
 X = -np.inf
@@ -257,3 +258,25 @@ def test_graph_copies_carry_their_inputs() -> None:
     ia, ib = a.input(InputAttnKV), b.input(InputAttnKV)
     assert ia.cache is ib.cache is st.memory.caches[0] and ia.kq_mask is not ib.kq_mask
     assert set(ib.tensors()) <= set(b.graph.leafs)
+
+
+def test_recurrent_slots_follow_llama_memory_recurrent_find_slot() -> None:
+    """Three cells: sequence 2 starts in cell 0 and sequence 0 in cell 1, each from its own cleared cell
+    (rs_z); a ubatch of both makes their cells contiguous in ubatch order (cells 0 and 1 swapped, the
+    states gathered by s_copy); seq_rm of sequence 2 frees its cell; the end of sequence 0 cannot go."""
+    m = RecurrentMemory([], [], (), mem_size=3, n_seq_max=3, n_layer=1, n_embd_r=1, n_embd_s=1,
+                        buffers_bytes={}, layer_devices=[])
+    assert (m.head, m.n_rs, m.rs_z, m.s_copy()) == (0, 3, 0, [0, 1, 2])      # a reserve's view
+    assert m.find_slot([2], [4]) == (0, 1, 0) and m.s_copy() == [0]
+    m.end_ubatch()
+    assert m.find_slot([0], [9]) == (1, 1, 1) and m.s_copy() == [1]
+    m.end_ubatch()
+    assert m.find_slot([0, 2], [10, 5]) == (0, 2, -1)
+    assert m.s_copy() == [1, 0]                  # sequence 0's state was in cell 1, sequence 2's in cell 0
+    assert [sorted(c.seq_id) for c in m.cells] == [[0], [2], []]
+    assert (m.seq_pos_max(0), m.seq_pos_max(2)) == (10, 5)
+    m.end_ubatch()
+    assert m.seq_rm(2) and m.seq_pos_max(2) == -1 and m.cells[1].is_empty()
+    assert not m.seq_rm(0, 3, -1) and m.seq_pos_max(0) == 10              # refused, nothing changed
+    assert m.seq_rm(0, 11, -1)                                              # after its last position: nothing to do
+    assert m.find_slot([2], [0]) == (1, 1, 1) and m.s_copy() == [1]        # sequence 2 starts again, cleared

@@ -24,7 +24,7 @@ import jax
 
 from toolkit.ggml.tensor import Op, Tensor, is_view_op
 from toolkit.jaxrt import layout
-from toolkit.jaxrt.kernels import VIEW_SRC_WRITERS, Env
+from toolkit.jaxrt.kernels import Env, writes_into_view
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "toolkit", "jax")
 _persistent_dir: str | None = None
@@ -113,7 +113,7 @@ class SplitProgram:
                 continue
             for s in n.srcs:
                 need(s)
-            if n.op in VIEW_SRC_WRITERS:
+            if writes_into_view(n):
                 b = base_of(n)
                 need(b)
                 if b not in written:

@@ -5,8 +5,9 @@ op -> :class:`~toolkit.jaxrt.operands.Kernel`, one entry per op the runtime runs
 :mod:`toolkit.jaxrt.kernels_moe` included); an op without an entry raises
 :class:`~toolkit.errors.UnsupportedFeature` naming it. :class:`Env` holds the flat storage of every
 base tensor and evaluates nodes in graph order: view ops cost nothing (a later read goes through the
-view's strides), the ops that overwrite the tensor their node views (:data:`VIEW_SRC_WRITERS`:
-SET_ROWS, CPY, CLAMP) return a new version of that base's storage, every other op makes a new base.
+view's strides), the nodes that overwrite the tensor they view (:func:`writes_into_view`: SET_ROWS,
+CPY, CLAMP, and SCALE made by ``ggml_scale_inplace``) return a new version of that base's storage, every
+other node makes a new base.
 """
 
 from __future__ import annotations
@@ -359,6 +360,14 @@ def _clamp(n: Tensor, r: Reader) -> jnp.ndarray:
     return layout.write(r.flat(a), n, jnp.clip(r.read_f32(a), param_f32(n, "min"), param_f32(n, "max")))
 
 
+def _scale(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_scale: ``a * s + b``; ``ggml_scale_inplace`` (the node a view of a) writes it into a, as a
+    hybrid's ``build_rs`` clears the state of cell ``rs_z``."""
+    a = src(n, 0)
+    out = r.read_f32(a) * param_f32(n, "s") + param_f32(n, "b", 0.0)
+    return layout.write(r.flat(a), n, out) if n.view_src is not None else out
+
+
 KERNELS: dict[Op, Kernel] = {
     Op.ADD: _binary(jnp.add), Op.SUB: _binary(jnp.subtract), Op.MUL: _binary(jnp.multiply),
     Op.DIV: _binary(jnp.divide),
@@ -366,7 +375,7 @@ KERNELS: dict[Op, Kernel] = {
     Op.MUL_MAT: Kernel(lambda n, r: mul_mat(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)))),
     Op.RMS_NORM: Kernel(lambda n, r: rms_norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
     Op.NORM: Kernel(lambda n, r: norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
-    Op.SCALE: Kernel(lambda n, r: r.read_f32(src(n, 0)) * param_f32(n, "s") + param_f32(n, "b", 0.0)),
+    Op.SCALE: Kernel(_scale, writes_view_src=True),
     Op.GET_ROWS: Kernel(_get_rows),
     Op.ROPE: Kernel(_rope),
     Op.SOFT_MAX: Kernel(_soft_max),
@@ -393,8 +402,14 @@ KERNELS: dict[Op, Kernel] = {
     **RECURRENT_KERNELS,
 }
 
-# the ops a split's program sees writing into a tensor it did not create (toolkit.jaxrt.compile)
+# the ops whose nodes may write into a tensor they did not create (toolkit.jaxrt.compile)
 VIEW_SRC_WRITERS = frozenset(op for op, k in KERNELS.items() if k.writes_view_src)
+
+
+def writes_into_view(node: Tensor) -> bool:
+    """Whether ``node`` overwrites the tensor it views: an op of :data:`VIEW_SRC_WRITERS` whose node is a
+    view (``ggml_scale`` makes a new tensor, ``ggml_scale_inplace`` a view of its source)."""
+    return node.op in VIEW_SRC_WRITERS and node.view_src is not None
 
 
 def kernel_for(node: Tensor) -> Kernel:
@@ -436,12 +451,12 @@ class Env:
             return  # views are read through their strides when used (ggml_view_tensor)
         k = kernel_for(node)
         if node.nelements == 0:  # an empty op (a hybrid's s_copy_extra rows with every state in the ubatch)
-            if not k.writes_view_src:  # writes nothing into its view's base
+            if not writes_into_view(node):  # writes nothing into its view's base
                 self._set(node, jnp.zeros(0, layout.storage_dtype(node.type)))
             return
         out = k.fn(node, self)
-        if k.writes_view_src:
-            self._set(node.view_src if node.view_src is not None else node, out)
+        if writes_into_view(node):
+            self._set(node.view_src, out)
         else:
             self._set(node, out.astype(layout.storage_dtype(node.type)).reshape(-1))
 

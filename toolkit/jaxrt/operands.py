@@ -43,8 +43,9 @@ class Reader(Protocol):
 @dataclass(frozen=True)
 class Kernel:
     """One op's kernel. ``fn(node, reader)`` returns the node's logical value ``(ne3, ne2, ne1, ne0)``;
-    with ``writes_view_src`` the node is a view of an existing tensor that the op overwrites
-    (``ggml_set_rows``, ``ggml_cpy``, ``ggml_clamp``), and ``fn`` returns that tensor's new flat storage."""
+    with ``writes_view_src``, a node of the op that is a view of an existing tensor overwrites it
+    (``ggml_set_rows``, ``ggml_cpy``, ``ggml_clamp``, ``ggml_scale_inplace``), and ``fn`` returns that
+    tensor's new flat storage (:func:`toolkit.jaxrt.kernels.writes_into_view` tells such a node)."""
 
     fn: Callable[[Tensor, Reader], jnp.ndarray]
     writes_view_src: bool = False

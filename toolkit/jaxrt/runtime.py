@@ -231,25 +231,31 @@ class ContextRuntime:
         pending = []
         for start in range(0, len(toks), self.n_ubatch):
             ub = UBatch.of_sequence(toks[start:start + self.n_ubatch], past + start, seq_id)
-            self.memory.apply_ubatch(ub)   # llama_kv_cache::find_slot + apply_ubatch, in every cache
-            n = ub.n_tokens
+            # the scheduler first: a context that reserves again builds its graphs over the whole memory
             sched = self.sched_fn()
-            key = (n, sched, self.epoch_fn(), stream)
-            reused = (self.graph_reuse and self._prev is not None and sched.n_copies == 1
-                      and self._prev[0][0] == key[0] and self._prev[0][1] is sched and self._prev[0][2] is key[2]
-                      and self._prev[0][3] == stream)
-            if reused:
-                # llama.cpp's graph reuse: same ubatch shape, same scheduler, no reserve since
-                lg, pg = self._prev[1]  # type: ignore[index]
-            else:
-                self._prev = None
-                sched.reset()
-                lg = self._build(n, stream)
-                if not sched.alloc_graph(lg.graph):
-                    raise RuntimeError(f"alloc_graph failed for a ubatch of {n} tokens")
-                pg = self.runner.prepare_graph(sched, lg.graph, [lg.logits])
-                self._prev = (key, (lg, pg))
-            res = self.runner.run_graph(pg, lg.set_inputs(ub))   # llm_graph_result::set_inputs
+            self.memory.apply_ubatch(ub)   # find_slot + apply_ubatch, in every cache (and the recurrent states)
+            try:
+                n = ub.n_tokens
+                key = (n, sched, self.epoch_fn(), stream, self.memory.slot_key())
+                reused = (self.graph_reuse and self._prev is not None and sched.n_copies == 1
+                          and self._prev[0][0] == key[0] and self._prev[0][1] is sched
+                          and self._prev[0][2] is key[2] and self._prev[0][3:] == key[3:])
+                if reused:
+                    # llama.cpp's graph reuse: same ubatch shape (and recurrent slot), same scheduler, no
+                    # reserve since
+                    lg, pg = self._prev[1]  # type: ignore[index]
+                else:
+                    self._prev = None
+                    sched.reset()
+                    lg = self._build(n, stream)
+                    if not sched.alloc_graph(lg.graph):
+                        raise RuntimeError(f"alloc_graph failed for a ubatch of {n} tokens")
+                    pg = self.runner.prepare_graph(sched, lg.graph, [lg.logits])
+                    self._prev = (key, (lg, pg))
+                inputs = lg.set_inputs(ub)   # llm_graph_result::set_inputs
+            finally:
+                self.memory.end_ubatch()
+            res = self.runner.run_graph(pg, inputs)
             st = self.runner.last_stats
             self.log.append(DecodeLog(n, [ps.summary() for ps in pg.splits], st.n_copies,
                                       st.weight_copies, reused, list(st.expert_transfers)))

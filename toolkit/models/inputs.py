@@ -154,9 +154,10 @@ class InputRS(GraphInput):
     s_copy_extra: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
-        """Each state is read from its own cell (``llama_memory_recurrent_context::s_copy``, no sequence copied)."""
+        """The cell each state is read from (``llama_memory_recurrent_context::s_copy``): a sequence's own,
+        or the cleared cell ``rs_z`` for a sequence that starts."""
         del ub
-        return {self.s_copy: np.arange(self.rs.head, self.rs.head + self.s_copy.ne[0], dtype=np.int32)}
+        return {self.s_copy: np.asarray(self.rs.s_copy()[:self.s_copy.ne[0]], dtype=np.int32)}
 
 
 @dataclass(eq=False)

@@ -570,22 +570,45 @@ class Memory:
         for c, s in zip(self.caches, slots):
             assert s is not None
             c.apply_ubatch(s, ub)
+        if self.recurrent is not None:   # llama_memory_recurrent_context::apply: its find_slot
+            seqs = ub.seq_id_unq
+            last = [int(ub.pos[ub.seq_id == q].max()) for q in seqs]
+            self.recurrent.find_slot(seqs, last)
         first = slots[0]
         assert first is not None
         return first
 
+    def end_ubatch(self) -> None:
+        """The ubatch's graph has read the slots: a later graph (a reserve) sees the whole memory again."""
+        if self.recurrent is not None:
+            self.recurrent.end_ubatch()
+
+    def slot_key(self) -> tuple[int, int, int] | None:
+        """What a ubatch's graph depends on beyond its shape: the recurrent slot (head, n, rs_z)."""
+        return self.recurrent.slot if self.recurrent is not None else None
+
     def seq_pos_max(self, seq_id: int) -> int:
         """The sequence's last position (-1: none), as ``llama_memory_seq_pos_max`` answers it (iSWA:
-        from the SWA cache)."""
-        return self.caches[-1].seq_pos_max(seq_id)
+        from the SWA cache; a hybrid: the smaller of the KV cache's and the recurrent states')."""
+        pos = self.caches[-1].seq_pos_max(seq_id)
+        return pos if self.recurrent is None else min(pos, self.recurrent.seq_pos_max(seq_id))
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        """``llama_memory_seq_rm``: the sequence's cells with a position in [p0, p1) (-1: open). A hybrid
+        asks its recurrent states first (``llama_memory_hybrid::seq_rm``), which cannot drop the last
+        tokens of a state: then nothing changes and a ParameterError says so."""
+        if self.recurrent is not None and not self.recurrent.seq_rm(seq_id, p0, p1):
+            raise ParameterError("p0", p0, "the whole sequence (p0 <= 0 and p1 < 0), or positions after its last",
+                                 f"llama_memory_recurrent::seq_rm: a recurrent state cannot lose the tokens "
+                                 f"[{p0}, {p1}) of sequence {seq_id} (no rollback slots, n_rs_seq 0)")
         for c in self.caches:
             c.seq_rm(seq_id, p0, p1)
 
     def clear(self) -> None:
         for c in self.caches:
             c.clear()
+        if self.recurrent is not None:
+            self.recurrent.clear()
 
 
 def v_padding_warnings(hp: HParams, flash_attn: bool) -> list[str]:

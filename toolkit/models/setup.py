@@ -88,7 +88,8 @@ class ContextSetup:
                      streams: tuple[int, int] | None = None) -> GraphResult:
         """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
         build, which names the node or leaf that did not fit."""
-        key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams)
+        # a hybrid's graph also depends on the recurrent slot of the ubatch being run (head, n, rs_z)
+        key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams, self.memory.slot_key())
         lg = self.graphs.get(key)
         if lg is None or lg.graph.n_nodes > graph_size or lg.graph.n_leafs > graph_size:
             built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
@@ -97,8 +98,9 @@ class ContextSetup:
 
     def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                     streams: tuple[int, int] | None = None) -> GraphResult:
-        """``builder(graph_size).build(...)``. A build depends only on this setup and the shape, so the
-        first build of a shape is kept and later calls get a copy of it (new tensors, the same graph)."""
+        """``builder(graph_size).build(...)``. A build depends only on this setup, the shape and the
+        recurrent slot, so the first build of each is kept and later calls get a copy of it (new tensors,
+        the same graph)."""
         with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
             return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
 
