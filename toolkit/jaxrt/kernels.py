@@ -455,7 +455,7 @@ class Env:
                 self._set(node, jnp.zeros(0, layout.storage_dtype(node.type)))
             return
         out = k.fn(node, self)
-        if writes_into_view(node):
+        if node.view_src is not None and writes_into_view(node):
             self._set(node.view_src, out)
         else:
             self._set(node, out.astype(layout.storage_dtype(node.type)).reshape(-1))

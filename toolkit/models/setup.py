@@ -67,7 +67,7 @@ class ContextSetup:
     warnings: list[str] = field(default_factory=list)  # logged while loading and creating the memory
     warned: bool = False               # the warnings went into a ReserveEvent already
     # the first build of each graph shape; build_graph hands out copies of it, never the graph itself
-    graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None], GraphResult] = field(
+    graphs: dict[tuple[bool, int, int, int, tuple[int, int] | None, tuple[int, int, int] | None], GraphResult] = field(
         default_factory=dict, repr=False, compare=False)
 
     @property
