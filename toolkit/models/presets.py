@@ -235,7 +235,8 @@ def _gemma4(dtype: str | GGMLType, name: str, *, n_layer: int, n_embd: int, n_he
     as convert_hf_to_gguf's ``Gemma4Model.set_gguf_parameters`` does: ``layer_types`` five sliding layers then
     one full, repeated (``attention.sliding_window_pattern``); SWA layers with heads of ``head_dim`` 256 and
     ``num_key_value_heads``, full layers with heads of ``global_head_dim`` 512 and ``num_global_key_value_heads``
-    (``attention.head_count_kv`` becomes a per-layer array; ``key_length`` 512, ``key_length_swa`` 256);
+    (with ``num_global_key_value_heads`` set, ``attention.head_count_kv`` is a per-layer array; ``key_length``
+    512, ``key_length_swa`` 256); ``n_ctx_train`` is ``max_position_embeddings``;
     ``rope.dimension_count`` 512 with ``rope_freqs`` for the full layers' partial_rotary_factor 0.25
     (:func:`gemma4_rope_freqs`), ``rope.dimension_count_swa`` 256; rope_theta 1e6 (sliding layers 1e4),
     rms_norm_eps 1e-6, final_logit_softcapping 30, vocab 262144 (``vocab_size``; the token list is assumed
