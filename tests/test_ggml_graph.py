@@ -142,3 +142,16 @@ def test_get_rows_and_rope_in_a_graph() -> None:
     g = build_graph([rq])
     assert _names(g.leafs) == ["token_embd", "inp_tokens", "inp_pos"]
     assert [t.op for t in g.nodes] == [Op.GET_ROWS, Op.RESHAPE, Op.ROPE]
+
+
+def test_pad_appends_zeros_after_each_dimension() -> None:
+    """``ggml_pad(a, p0, p1, p2, p3)`` is ``ggml_pad_ext`` with nothing before: ne grows by p, a new tensor
+    (not a view), params lp0, rp0, ... rp3 and the circular flag 0."""
+    a = ops.new_tensor_2d(F32, 6, 3, "v")
+    p = ops.pad(a, 2, 1)
+    assert p.ne == (8, 4, 1, 1) and p.op is Op.PAD and p.src == [a] and p.view_src is None
+    assert p.op_params == {"lp0": 0, "rp0": 2, "lp1": 0, "rp1": 1, "lp2": 0, "rp2": 0, "lp3": 0, "rp3": 0,
+                           "circular": 0}
+    assert p.nbytes == 8 * 4 * 4
+    with pytest.raises(ValueError, match="ggml_pad"):
+        ops.pad(a, -1)

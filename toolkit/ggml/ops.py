@@ -361,6 +361,14 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
     return _op(r, Op.CPY, a, b)
 
 
+def pad(a: Tensor, p0: int, p1: int = 0, p2: int = 0, p3: int = 0) -> Tensor:
+    """``ggml_pad``: ``ggml_pad_ext`` with zeros after each dimension (none before, not circular)."""
+    if min(p0, p1, p2, p3) < 0:
+        raise _fail("pad", f"padding {[p0, p1, p2, p3]} must be >= 0")
+    out = Tensor(a.type, (a.ne[0] + p0, a.ne[1] + p1, a.ne[2] + p2, a.ne[3] + p3))
+    return _op(out, Op.PAD, a, lp0=0, rp0=p0, lp1=0, rp1=p1, lp2=0, rp2=p2, lp3=0, rp3=p3, circular=0)
+
+
 def cont(a: Tensor) -> Tensor:
     return cont_4d(a, *a.ne)
 

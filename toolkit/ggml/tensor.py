@@ -59,6 +59,7 @@ class Op(enum.Enum):
     ROPE = "ROPE"
     ROPE_BACK = "ROPE_BACK"
     CLAMP = "CLAMP"
+    PAD = "PAD"
     ARANGE = "ARANGE"
     ARGSORT = "ARGSORT"
     FLASH_ATTN_EXT = "FLASH_ATTN_EXT"

@@ -329,8 +329,14 @@ class GraphBuilder:
             if v.ne[2] > 1:
                 v = ops.reshape_2d(v, v.ne[0], v.ne[1] * v.ne[2])
             return ops.set_rows(v, v_view, v_idxs)
+        if v_cur.type.row_size(n_embd_gqa) == v_cur.nb[2]:  # dims 0, 1 and 2 merge
+            v_cur2 = ops.reshape_2d(v_cur, n_embd_gqa, n_tokens)
+        else:
+            v_cur2 = ops.cont_2d(v_cur, n_embd_gqa, n_tokens)
+        if n_embd_gqa < v.ne[0]:
+            # TAG_V_CACHE_VARIABLE: the cache is n_embd_v_gqa_max wide; a narrower layer's rows are padded
+            v_cur2 = ops.pad(v_cur2, v.ne[0] - n_embd_gqa)
         # transposed V: every element is its own row
-        v_cur2 = ops.reshape_2d(v_cur, n_embd_gqa, n_tokens)
         v_rows = ops.reshape_2d(v, 1, v.ne[0] * v.ne[1] * v.ne[2])
         v_cur2 = ops.reshape_2d(v_cur2, 1, v_cur2.nelements)
         return ops.set_rows(v_rows, v_cur2, v_idxs)

@@ -1,7 +1,7 @@
 """Model shapes to plan with: the oracle's tiny and small models, and real-model-shaped ones.
 
 The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B, and after
-them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b)
+them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b, Gemma-4-31B, Gemma-4-26B-A4B, Gemma-4-E4B)
 only take the hyperparameters of the public models (no weights): they are for planning
 buffers and splits at realistic sizes.
 """
@@ -135,7 +135,7 @@ PRESET_LABELS: dict[str, str] = {
 def get(name: str) -> HParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
     ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``,
-    ``gpt_oss_20b``, ``gpt_oss_120b``);
+    ``gpt_oss_20b``, ``gpt_oss_120b``, ``gemma4_31b``, ``gemma4_26b_a4b``, ``gemma4_e4b``);
     ``name:type`` gives it another weight type (``qwen3_30b_a3b:q8_0``).
 
     >>> get("qwen3_30b_a3b:q8_0").name
@@ -218,4 +218,73 @@ def gpt_oss_120b(dtype: str | GGMLType = "q8_0") -> HParams:
 PRESETS["gpt_oss_20b"] = gpt_oss_20b
 PRESETS["gpt_oss_120b"] = gpt_oss_120b
 PRESET_LABELS.update({"gpt-oss-20b": "gpt_oss_20b", "gpt-oss-120b": "gpt_oss_120b"})
+
+
+def gemma4_rope_freqs(head_dim: int, partial_rotary_factor: float) -> tuple[float, ...]:
+    """``rope_freqs.weight`` of Gemma 4's full-attention layers ("proportional" RoPE), as
+    convert_hf_to_gguf's ``Gemma4Model.generate_extra_tensors`` writes it: ``head_dim * factor / 2`` ones,
+    then 1e30 for the unrotated pairs (ggml's NEOX rope then leaves them in place)."""
+    n_rot = int(head_dim * partial_rotary_factor / 2)
+    return (1.0,) * n_rot + (1e30,) * (head_dim // 2 - n_rot)
+
+
+def _gemma4(dtype: str | GGMLType, name: str, *, n_layer: int, n_embd: int, n_head: int, n_head_kv_swa: int,
+            n_head_kv_full: int, n_ff: int, window: int, n_ctx_train: int, attn_v_full: bool,
+            moe: MoEParams | None = None, n_kv_shared: int = 0, n_embd_per_layer: int = 0) -> HParams:
+    """What the published Gemma 4 configs share (``text_config`` of google/gemma-4-*'s config.json), written
+    as convert_hf_to_gguf's ``Gemma4Model.set_gguf_parameters`` does: ``layer_types`` five sliding layers then
+    one full, repeated (``attention.sliding_window_pattern``); SWA layers with heads of ``head_dim`` 256 and
+    ``num_key_value_heads``, full layers with heads of ``global_head_dim`` 512 and ``num_global_key_value_heads``
+    (with ``num_global_key_value_heads`` set, ``attention.head_count_kv`` is a per-layer array; ``key_length``
+    512, ``key_length_swa`` 256); ``n_ctx_train`` is ``max_position_embeddings``;
+    ``rope.dimension_count`` 512 with ``rope_freqs`` for the full layers' partial_rotary_factor 0.25
+    (:func:`gemma4_rope_freqs`), ``rope.dimension_count_swa`` 256; rope_theta 1e6 (sliding layers 1e4),
+    rms_norm_eps 1e-6, final_logit_softcapping 30, vocab 262144 (``vocab_size``; the token list is assumed
+    as long), tied output. ``attention_k_eq_v`` true means no ``attn_v`` on the full layers (``attn_v_full``
+    False)."""
+    t = GGMLType.parse(dtype)
+    swa_layers = tuple(il % 6 < 5 for il in range(n_layer))
+    return HParams(n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                   n_head_kv=tuple(n_head_kv_swa if s else n_head_kv_full for s in swa_layers), n_ff=n_ff,
+                   n_vocab=262144, n_ctx_train=n_ctx_train, n_embd_head_k_=512, n_embd_head_v_=512,
+                   rope_freq_base=1000000.0, eps=1e-6, dtype=t, tied=True, arch="gemma4", name=f"{name}_{t.lower}",
+                   rope_freqs=gemma4_rope_freqs(512, 0.25),
+                   swa=SWAParams(window, rope_freq_base=10000.0, layers=swa_layers, n_embd_head_k=256,
+                                 n_embd_head_v=256, n_rot=256),
+                   moe=moe, n_kv_shared=n_kv_shared, n_embd_per_layer=n_embd_per_layer,
+                   final_logit_softcapping=30.0, attn_v_full=attn_v_full)
+
+
+def gemma4_31b(dtype: str | GGMLType = "q4_k") -> HParams:
+    """Gemma-4-31B (google/gemma-4-31B's config.json), dense: 60 layers, n_embd 5376, 32 heads, SWA layers 16
+    KV heads of 256 with a window of 1024, full layers 4 KV heads of 512 and V = K (attention_k_eq_v),
+    n_ff 21504, 256K context (see :func:`_gemma4`)."""
+    return _gemma4(dtype, "gemma4-31b", n_layer=60, n_embd=5376, n_head=32, n_head_kv_swa=16, n_head_kv_full=4,
+                   n_ff=21504, window=1024, n_ctx_train=262144, attn_v_full=False)
+
+
+def gemma4_26b_a4b(dtype: str | GGMLType = "q8_0") -> HParams:
+    """Gemma-4-26B-A4B (google/gemma-4-26B-A4B's config.json): 30 layers, n_embd 2816, 16 heads, SWA layers 8
+    KV heads of 256 with a window of 1024, full layers 2 KV heads of 512 and V = K; on every layer the dense
+    MLP (intermediate_size 2112) beside 128 experts of moe_intermediate_size 704 with 8 used per token (the
+    router stays F32), 256K context (see :func:`_gemma4`). Q8_0 by default: 2112 and 704 are whole Q8_0
+    blocks (32) but not Q4_K blocks (256)."""
+    return _gemma4(dtype, "gemma4-26b-a4b", n_layer=30, n_embd=2816, n_head=16, n_head_kv_swa=8, n_head_kv_full=2,
+                   n_ff=2112, window=1024, n_ctx_train=262144, attn_v_full=False,
+                   moe=MoEParams(n_expert=128, n_expert_used=8, n_ff_exp=704))
+
+
+def gemma4_e4b(dtype: str | GGMLType = "q4_k") -> HParams:
+    """Gemma-4-E4B (google/gemma-4-E4B's config.json): 42 layers, n_embd 2560, 8 heads and 2 KV heads on every
+    layer (num_global_key_value_heads unset), of 256 with a window of 512 on SWA layers and of 512 with their
+    own ``attn_v`` on full layers (attention_k_eq_v false), n_ff 10240 (use_double_wide_mlp false), per-layer
+    embeddings of 256 (hidden_size_per_layer_input), the last 18 layers reading earlier layers' caches
+    (num_kv_shared_layers), 128K context (see :func:`_gemma4`)."""
+    return _gemma4(dtype, "gemma4-e4b", n_layer=42, n_embd=2560, n_head=8, n_head_kv_swa=2, n_head_kv_full=2,
+                   n_ff=10240, window=512, n_ctx_train=131072, attn_v_full=True, n_kv_shared=18,
+                   n_embd_per_layer=256)
+
+
+PRESETS.update({"gemma4_31b": gemma4_31b, "gemma4_26b_a4b": gemma4_26b_a4b, "gemma4_e4b": gemma4_e4b})
+PRESET_LABELS.update({"Gemma-4-31B": "gemma4_31b", "Gemma-4-26B-A4B": "gemma4_26b_a4b", "Gemma-4-E4B": "gemma4_e4b"})
 assert set(PRESET_LABELS.values()) == set(PRESETS)

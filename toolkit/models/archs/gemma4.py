@@ -212,7 +212,9 @@ class Gemma4(Architecture):
         out = [TensorSpec("attn_norm", (E,)), TensorSpec("attn_q", (E, nq))]
         if hp.has_kv(il):
             out.append(TensorSpec("attn_k", (E, nkv)))
-        if hp.is_swa(il) or hp.attn_v_full:
+        # attn_v is TENSOR_NOT_REQUIRED: absent on full layers with V = K, and on the layers past
+        # n_layer - n_kv_shared, whose checkpoints carry no K/V projections
+        if hp.has_kv(il) and (hp.is_swa(il) or hp.attn_v_full):
             out.append(TensorSpec("attn_v", (E, hp.n_embd_v_gqa(il))))
         out += [TensorSpec("attn_output", (nq, E)), TensorSpec("attn_q_norm", (H,))]
         if hp.has_kv(il):
