@@ -281,6 +281,27 @@ def test_set_rows_into_quantized_cache_quantizes_like_ggml(type_: GGMLType) -> N
     np.testing.assert_array_equal(got[0], want[1])
 
 
+def test_pad_and_scale_inplace() -> None:
+    """ggml_pad: zeros after each dimension (ggml_compute_forward_pad); ggml_scale_inplace writes into the
+    tensor it views (a hybrid's build_rs clears one state's row that way), ggml_scale makes a new one."""
+    a = ops.new_tensor_2d(F32, 3, 2, "a")
+    A = rnd(2, 3)
+    close(run([ops.pad(a, 2, 1)], {a: A})[0], np.pad(A, ((0, 1), (0, 2))))
+    s = ops.new_tensor_2d(F32, 4, 3, "s")
+    S = rnd(3, 4)
+    row = ops.view_1d(s, 4, 1 * s.nb[1])
+    cleared = ops.scale_inplace(row, 0.0)
+    after = ops.get_rows(s, ops.new_tensor_1d(I32, 3, "ids"))
+    g = Graph(16)
+    for t in (ops.scale(s, 0.0), cleared, after):
+        g.build_forward_expand(t)
+    ids = after.srcs[1]
+    env = eval_nodes(g.nodes, {s: jnp.asarray(S.ravel()), ids: jnp.asarray(np.array([0, 1, 2], np.int32))})
+    want = S.copy()
+    want[1] = 0.0
+    np.testing.assert_array_equal(np.asarray(env.read(after)).reshape(3, 4), want)
+
+
 def test_an_op_without_a_kernel_is_refused_by_name() -> None:
     """The table holds the ops the runtime runs; any other op is an UnsupportedFeature naming it."""
     from toolkit.errors import UnsupportedFeature

@@ -360,6 +360,14 @@ def _clamp(n: Tensor, r: Reader) -> jnp.ndarray:
     return layout.write(r.flat(a), n, jnp.clip(r.read_f32(a), param_f32(n, "min"), param_f32(n, "max")))
 
 
+def _pad(n: Tensor, r: Reader) -> jnp.ndarray:
+    """ggml_pad_ext (not circular): zeros ``lp<i>`` before and ``rp<i>`` after dimension i."""
+    widths = [(param_i32(n, f"lp{i}"), param_i32(n, f"rp{i}")) for i in (3, 2, 1, 0)]
+    if param_i32(n, "circular"):
+        raise _unsupported(n, "PAD (circular)")
+    return jnp.pad(r.read_f32(src(n, 0)), widths)
+
+
 def _scale(n: Tensor, r: Reader) -> jnp.ndarray:
     """ggml_scale: ``a * s + b``; ``ggml_scale_inplace`` (the node a view of a) writes it into a, as a
     hybrid's ``build_rs`` clears the state of cell ``rs_z``."""
@@ -394,6 +402,7 @@ KERNELS: dict[Op, Kernel] = {
                                                    axis=3 - param_i32(n, "dim"))),
     Op.FILL: Kernel(lambda n, r: jnp.full(shape_of(n), param_f32(n, "c"), jnp.float32)),
     Op.DIAG_MASK_INF: Kernel(_diag_mask_inf),
+    Op.PAD: Kernel(_pad),
     Op.SET_ROWS: Kernel(_set_rows, writes_view_src=True),
     Op.CPY: Kernel(_cpy, writes_view_src=True),
     Op.CLAMP: Kernel(_clamp, writes_view_src=True),
