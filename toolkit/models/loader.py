@@ -71,10 +71,14 @@ def repack_supported(w: WeightInfo) -> bool:
     """ggml-cpu's repack buffer runs MUL_MAT on 2-D and MUL_MAT_ID on 3-D Q4_0, Q4_K, IQ4_NL and MXFP4
     weights with rows % 8 on the measured x86 CPU (``ggml_repack_get_optimal_repack_type`` with AVX2:
     ``q4_0_8x8_q8_0``, ``q4_K_8x8_q8_K``, ``iq4_nl_8x8_q8_0``, ``mxfp4_8x8_q8_0``; the rows % 4 forms
-    are ARM NEON's)."""
+    and Q5_K, Q6_K, Q8_0 are ARM NEON's), and Q2_K too, which needs AVX512 (``q2_K_8x8_q8_K``): the
+    measured CPU reports ``AVX512 = 1``, but no measured case has a Q2_K weight."""
     if (w.op, len(w.ne)) not in (("MUL_MAT", 2), ("MUL_MAT_ID", 3)):
         return False
-    return w.type in (GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.MXFP4) and w.ne[1] % 8 == 0
+    return w.type in _REPACKED and w.ne[1] % 8 == 0
+
+
+_REPACKED = frozenset({GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q2_K})
 
 
 @dataclass
@@ -248,7 +252,15 @@ def _override_buft(w: WeightInfo, buft_name: str, devs: DeviceSet, use_mmap: boo
 
 
 def check_kv_types(hp: HParams, rp: ResolvedParams, flash_attn: bool) -> None:
-    """The checks llama_init_from_model makes before creating a context."""
+    """The checks llama_init_from_model makes before creating a context, and one it does not: a cache type
+    ggml-cpu cannot write (no ``from_float``: the IQ1/IQ2/IQ3 types) is refused here, where llama.cpp's
+    ``common`` refuses every type outside its list and the library would fail in the scheduler (no
+    backend runs SET_ROWS into it; no measured case shows that failure)."""
+    for which, t in (("K", rp.type_k), ("V", rp.type_v)):
+        if not t.cpu_from_float:
+            no = ", ".join(x.lower for x in GGMLType if x.is_quantized and not x.cpu_from_float)
+            raise ParameterError(f"type_{which.lower()}", t.lower, f"a type ggml-cpu can quantize into (not {no})",
+                                 f"ggml-cpu has no from_float for {t.lower}: it cannot be written into the cache")
     for which, t, head in (("K", rp.type_k, hp.n_embd_head_k), ("V", rp.type_v, hp.n_embd_head_v)):
         if t.is_quantized and head % t.blck_size:
             raise ParameterError(
