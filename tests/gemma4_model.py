@@ -38,16 +38,18 @@ def tensor_list(r: dict[str, Any]) -> Tensors:
     out: Tensors = [("token_embd.weight", (E, V), "mat"), ("output_norm.weight", (E,), "norm")]
     first_full = True
     for il in range(L):
-        p, swa = f"blk.{il}.", r["swa_layers"][il]
+        p, swa, kv = f"blk.{il}.", r["swa_layers"][il], il < L - r.get("n_kv_shared", 0)
         hd = r["head_dim_swa"] if swa else r["head_dim"]
         hkv = r["n_head_kv_swa"] if swa else r["n_head_kv_full"]
-        out += [(p + "attn_norm.weight", (E,), "norm"), (p + "attn_q.weight", (E, hd * H), "mat"),
-                (p + "attn_k.weight", (E, hd * hkv), "mat")]
+        out += [(p + "attn_norm.weight", (E,), "norm"), (p + "attn_q.weight", (E, hd * H), "mat")]
+        if kv:
+            out.append((p + "attn_k.weight", (E, hd * hkv), "mat"))
         if swa:
             out.append((p + "attn_v.weight", (E, hd * hkv), "mat"))
-        out += [(p + "attn_output.weight", (hd * H, E), "mat"), (p + "attn_q_norm.weight", (hd,), "norm"),
-                (p + "attn_k_norm.weight", (hd,), "norm"), (p + "post_attention_norm.weight", (E,), "norm"),
-                (p + "layer_output_scale.weight", (1,), "norm")]
+        out += [(p + "attn_output.weight", (hd * H, E), "mat"), (p + "attn_q_norm.weight", (hd,), "norm")]
+        if kv:
+            out.append((p + "attn_k_norm.weight", (hd,), "norm"))
+        out += [(p + "post_attention_norm.weight", (E,), "norm"), (p + "layer_output_scale.weight", (1,), "norm")]
         if not swa and first_full:
             out.append(("rope_freqs.weight", (hd // 2,), "ropefreqs"))
             first_full = False
@@ -91,7 +93,7 @@ def _write_kv(w: Any, r: dict[str, Any]) -> None:
         u32("expert_count", r["n_expert"])
         u32("expert_used_count", r["n_expert_used"])
         u32("expert_feed_forward_length", r["n_ff_exp"])
-    u32("attention.shared_kv_layers", 0)
+    u32("attention.shared_kv_layers", r.get("n_kv_shared", 0))
     u32("embedding_length_per_layer_input", 0)
     w.add_array(f"{A}.attention.sliding_window_pattern", [bool(x) for x in r["swa_layers"]])
     u32("attention.key_length_swa", r["head_dim_swa"])
@@ -147,7 +149,9 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
     MLP, beside it the routed GEGLU experts (router on ``rms_norm(x) / sqrt(n_embd) * scale``, softmax,
     top-k, weights normalized, per-expert down scale) each with its norms; the post-FFN norm, the
     residual, ``layer_output_scale``; the output norm, the tied head, the softcap ``c tanh(x / c)``.
-    ``kv_f16`` rounds K and V as the F16 cache does; ``kq_f16`` rounds Q and the attention weights to
+    A layer from ``n_layer - n_kv_shared`` on reads the cache of the last layer of its kind before that
+    point (``layer_reuse_cb``: two layers back for SWA, one for full). ``kv_f16`` rounds K and V as the
+    F16 cache does; ``kq_f16`` rounds Q and the attention weights to
     F16 as the products with that cache do without flash attention (ggml_compute_forward_mul_mat
     converts src1 to F16, the vec_dot_type of F16); ``window``, ``rope_freqs`` and ``v_norm`` False
     drop the window, the full layers' frequency factors and the V norm (to show that each matters)."""
@@ -175,6 +179,8 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
 
     x = W["token_embd.weight"][np.asarray(tokens)] * np.sqrt(float(E))
     ti, si = np.arange(T)[:, None], np.arange(T)[None, :]
+    start = r["n_layer"] - r.get("n_kv_shared", 0)        # n_layer_kv_from_start
+    kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for il in range(r["n_layer"]):
         p, swa = f"blk.{il}.", r["swa_layers"][il]
         hd = r["head_dim_swa"] if swa else r["head_dim"]
@@ -183,13 +189,16 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         base = r["rope_freq_base_swa"] if swa else r["rope_freq_base"]
         ff = W["rope_freqs.weight"] if not swa and rope_freqs else None
         h = rms(x, W[p + "attn_norm.weight"])
-        q = rms((h @ W[p + "attn_q.weight"].T).reshape(T, H, hd), W[p + "attn_q_norm.weight"])
-        kc = h @ W[p + "attn_k.weight"].T
-        vc = h @ W[p + "attn_v.weight"].T if swa else kc
-        k = rms(kc.reshape(T, hkv, hd), W[p + "attn_k_norm.weight"])
-        v = vc.reshape(T, hkv, hd)
-        v = rms(v) if v_norm else v
-        q, k, v = f16(rope(q, n_rot, base, ff), kq_f16), f16(rope(k, n_rot, base, ff), kv_f16), f16(v, kv_f16)
+        q = f16(rope(rms((h @ W[p + "attn_q.weight"].T).reshape(T, H, hd), W[p + "attn_q_norm.weight"]),
+                     n_rot, base, ff), kq_f16)
+        if il < start:
+            kc = h @ W[p + "attn_k.weight"].T
+            vc = h @ W[p + "attn_v.weight"].T if swa else kc
+            k = rms(kc.reshape(T, hkv, hd), W[p + "attn_k_norm.weight"])
+            v = vc.reshape(T, hkv, hd)
+            v = rms(v) if v_norm else v
+            kv[il] = f16(rope(k, n_rot, base, ff), kv_f16), f16(v, kv_f16)
+        k, v = kv[il if il < start else start - (2 if swa else 1)]
         k, v = np.repeat(k, H // hkv, axis=1), np.repeat(v, H // hkv, axis=1)
         s = np.einsum("thd,shd->hts", q, k)
         seen = si <= ti

@@ -205,3 +205,23 @@ def test_matches_reference_past_the_window(model: str, fa: str, devices: tuple[s
         assert _rel(got, reference(w, r, tokens, kv_f16=False, kq_f16=False, **{drop: False})) > 100 * TOL_REF, drop
     if devices:
         assert len(rt.log[0].splits) > 1
+
+
+@pytest.mark.parametrize(("model", "fa", "devices"), [("gemma4", "off", ()), ("gemma4moe", "on", ("sim", "sim"))],
+                         ids=["dense-faoff-cpu", "moe-faon-2sim"])
+def test_shared_kv_layers_read_an_earlier_cache(model: str, fa: str, devices: tuple[str, ...],
+                                                tmp_path: Path) -> None:
+    """``attention.shared_kv_layers`` 2 over the pattern SWA, SWA, SWA, full, SWA, full: layers 4 and 5 have
+    no K projection and attend through the caches of layers 2 and 3 (``layer_reuse_cb``), as the numpy
+    forward does. No llama.cpp measurement pins this: the oracle's models share nothing."""
+    r = _small(f"logits-tiny_{model}_f32-promptB-faoff", n_kv_shared=2,
+               swa_layers=[True, True, True, False, True, False])
+    path = str(tmp_path / "m.gguf")
+    w = write_model(path, r)
+    assert "blk.4.attn_k.weight" not in w and "blk.3.attn_k.weight" in w
+    tokens = [int(x) for x in np.random.default_rng(8).integers(0, r["n_vocab"], 182)]
+    rt = _runtime(path, n_ctx=512, n_ubatch=64, fa=fa, devices=devices, kv="f32")
+    assert [(c.kind, c.layers, c.reuse) for c in rt.memory.caches] == [("non-SWA", (3,), {5: 3}),
+                                                                      ("SWA", (0, 1, 2), {4: 2})]
+    got = np.concatenate([rt.decode(tokens[:180]), rt.decode(tokens[180:181]), rt.decode(tokens[181:])])
+    assert _rel(got, reference(w, r, tokens, kv_f16=False, kq_f16=False)) < TOL_REF
