@@ -166,7 +166,7 @@ def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *, rope_freqs: bool = True,
-              kv_f16: bool = True) -> np.ndarray:
+              kv_f16: bool = True, kq_f16: bool = False) -> np.ndarray:
     """Plain JAX forward of recipe r: logits [T, n_vocab] of every position.
 
     The architecture's :class:`Reference` picks the pieces: llama (NORM RoPE, ``rope_freqs``
@@ -174,7 +174,9 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
     and gemma3 (embeddings times sqrt(n_embd), QK-norm, Q times 1/sqrt(head_dim), attention scale 1,
     post-attention and post-FFN norms, tanh-GELU gated FFN, tied output). A sliding window (any
     architecture whose recipe has one) covers layers il % pattern < pattern - 1, with their own
-    RoPE base.
+    RoPE base. ``kv_f16`` rounds K and V as the F16 cache does; ``kq_f16`` rounds Q and the attention
+    weights to F16 as the products with that cache do without flash attention (ggml_compute_forward_mul_mat
+    converts src1 to F16, the vec_dot_type of F16).
     """
     import jax
     import jax.numpy as jnp
@@ -205,8 +207,8 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
     def mm(x: jax.Array, name: str) -> jax.Array:
         return jnp.matmul(x, W[name].T, precision="highest")
 
-    def kvr(x: jax.Array) -> jax.Array:
-        return x.astype(jnp.float16).astype(jnp.float32) if kv_f16 else x
+    def kvr(x: jax.Array, on: bool) -> jax.Array:
+        return x.astype(jnp.float16).astype(jnp.float32) if on else x
 
     x = W["token_embd.weight"][jnp.asarray(tokens)]
     if ref.embd_scale:
@@ -225,14 +227,15 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
             q, k = rms(q, W[p + "attn_q_norm.weight"]), rms(k, W[p + "attn_k_norm.weight"])
         q, k = rope(q, base), rope(k, base)
         scale = 1.0 / np.sqrt(hd)
-        k, v = kvr(k), kvr(v)
+        q, k, v = kvr(q, kq_f16), kvr(k, kv_f16), kvr(v, kv_f16)
         k, v = jnp.repeat(k, H // nkv, axis=1), jnp.repeat(v, H // nkv, axis=1)
         s = jnp.einsum("thd,shd->hts", q, k, precision="highest") * scale
         seen = si <= ti
         if swa:
             seen = seen & (ti - si < r["sliding_window"])
         a = jax.nn.softmax(jnp.where(seen[None], s, -jnp.inf), -1)
-        o = mm(jnp.einsum("hts,shd->thd", a, v, precision="highest").reshape(T, H * hd), p + "attn_output.weight")
+        o = jnp.einsum("hts,shd->thd", kvr(a, kq_f16), v, precision="highest").reshape(T, H * hd)
+        o = mm(o, p + "attn_output.weight")
         if ref.post_attn_norm:
             o = rms(o, W[p + "post_attention_norm.weight"])
         x = x + o

@@ -126,9 +126,11 @@ def _yarn(r: dict[str, Any], T: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *, kv_f16: bool = True,
-              window: bool = True, sinks: bool = True) -> np.ndarray:
+              kq_f16: bool = False, window: bool = True, sinks: bool = True) -> np.ndarray:
     """Logits [T, n_vocab] of every position (float64 arithmetic over the file's weights). ``kv_f16``
-    rounds K and V as the F16 cache does; ``window=False`` drops the sliding window and ``sinks=False``
+    rounds K and V as the F16 cache does; ``kq_f16`` rounds Q and the attention weights to F16 as the
+    products with that cache do without flash attention (ggml_compute_forward_mul_mat converts src1 to
+    F16, the vec_dot_type of F16); ``window=False`` drops the sliding window and ``sinks=False``
     the attention sinks (to show that each matters)."""
     W = {k: v.astype(np.float64) for k, v in w.items()}
     T, H, HKV, hd = len(tokens), r["n_head"], r["n_head_kv"], r["head_dim"]
@@ -143,8 +145,8 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         x0, x1 = x[..., : hd // 2], x[..., hd // 2:]
         return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)
 
-    def kvr(x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float16).astype(np.float64) if kv_f16 else x
+    def kvr(x: np.ndarray, on: bool = kv_f16) -> np.ndarray:
+        return x.astype(np.float16).astype(np.float64) if on else x
 
     x = W["token_embd.weight"][np.asarray(tokens)]
     ti, si = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -155,7 +157,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         q = (h @ W[p + "attn_q.weight"].T + W[p + "attn_q.bias"]).reshape(T, H, hd)
         k = (h @ W[p + "attn_k.weight"].T + W[p + "attn_k.bias"]).reshape(T, HKV, hd)
         v = (h @ W[p + "attn_v.weight"].T + W[p + "attn_v.bias"]).reshape(T, HKV, hd)
-        q, k, v = rope(q), kvr(rope(k)), kvr(v)
+        q, k, v = kvr(rope(q), kq_f16), kvr(rope(k)), kvr(v)
         k, v = np.repeat(k, H // HKV, axis=1), np.repeat(v, H // HKV, axis=1)
         s = np.einsum("thd,shd->hts", q, k) / math.sqrt(r["n_rot"])
         seen = si <= ti
@@ -166,7 +168,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         m = np.maximum(s.max(-1, keepdims=True), sink)
         e = np.exp(s - m)
         a = e / (e.sum(-1, keepdims=True) + np.exp(sink - m))
-        o = np.einsum("hts,shd->thd", a, v).reshape(T, H * hd) @ W[p + "attn_output.weight"].T
+        o = np.einsum("hts,shd->thd", kvr(a, kq_f16), v).reshape(T, H * hd) @ W[p + "attn_output.weight"].T
         x = x + o + W[p + "attn_output.bias"]
         h = rms(x, W[p + "post_attention_norm.weight"])
         logits = h @ W[p + "ffn_gate_inp.weight"].T + W[p + "ffn_gate_inp.bias"]

@@ -81,8 +81,8 @@ def test_llama3_rope_freqs_applied_over_a_long_prompt(tmp_path: Path) -> None:
     tokens = [int(x) for x in np.random.default_rng(5).integers(0, r["n_vocab"], 520)]
     rt = _runtime(path, n_ctx=1024, n_ubatch=256)
     got = rt.decode(tokens)
-    assert _rel(got, reference(w, r, tokens)) < TOL_REF
-    assert _rel(got, reference(w, r, tokens, rope_freqs=False)) > TOL_REF
+    assert _rel(got, reference(w, r, tokens, kq_f16=True)) < TOL_REF
+    assert _rel(got, reference(w, r, tokens, kq_f16=True, rope_freqs=False)) > TOL_REF
 
 
 @pytest.mark.parametrize("devices", [(), ("sim", "sim")], ids=["cpu", "2sim"])
@@ -128,5 +128,5 @@ def test_run_command_on_gemma3_gguf(tmp_path: Path, capsys: pytest.CaptureFixtur
     w = write_model(path, r)
     assert main(["--gguf", path, "--tokens", "1,5,9,2", "--devices", "sim:2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    want = reference(w, r, [1, 5, 9, 2])[-1]
+    want = reference(w, r, [1, 5, 9, 2], kq_f16=True)[-1]
     assert _rel(np.asarray(out["logits"], np.float32), want) < TOL_REF

@@ -16,6 +16,7 @@ request_cpu_devices(4)
 import jax.numpy as jnp  # noqa: E402
 
 from toolkit.context import Context  # noqa: E402
+from toolkit.ggml.types import GGMLType  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
 from toolkit.jaxrt.gguf_io import read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of  # noqa: E402
@@ -35,10 +36,20 @@ def _kv_round(x: jax.Array, kv: str) -> jax.Array:
     return x
 
 
+def _vec_dot_round(x: jax.Array, src0_type: GGMLType) -> jax.Array:
+    """src1 of a product with a src0 of that type, as ggml_compute_forward_mul_mat converts it to the
+    vec_dot_type (F16, BF16 for those; f32 is kept for the others, as the runtime keeps it)."""
+    dt = {GGMLType.F16: jnp.float16, GGMLType.BF16: jnp.bfloat16}.get(src0_type)
+    return x if dt is None else x.astype(dt).astype(jnp.float32)
+
+
 def llama_reference(w: dict[str, np.ndarray], hp: HParams, tokens: list[int], kv_f16: bool = False,
-                    kv: str = "f32") -> np.ndarray:
-    """Plain JAX llama (no ggml, no cache): logits [T, n_vocab] of every position of ``tokens``."""
+                    kv: str = "f32", fa: bool = False) -> np.ndarray:
+    """Plain JAX llama (no ggml, no cache): logits [T, n_vocab] of every position of ``tokens``. The
+    products with the weights (of their types in ``hp``) and, without flash attention (``fa``), with the cache
+    (of type ``kv``) take their activations rounded as ggml's vec_dot_type rounds them."""
     kv = "f16" if kv_f16 else kv
+    kq_type = GGMLType.parse("f32" if fa or kv == "q8_0" else kv)
     W = {k: jnp.asarray(v) for k, v in w.items()}
     T, H, hd = len(tokens), hp.n_head(), hp.n_embd_head_k
     nkv, rot = hp.n_head_kv(), hp.n_rot
@@ -55,7 +66,10 @@ def llama_reference(w: dict[str, np.ndarray], hp: HParams, tokens: list[int], kv
         r = jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).reshape(T, x.shape[1], rot)
         return jnp.concatenate([r, x[..., rot:]], -1)
 
-    mm = lambda x, name: jnp.matmul(x, W[name].T, precision="highest")  # noqa: E731
+    def mm(x: jax.Array, name: str) -> jax.Array:
+        x = _vec_dot_round(x, hp.tensor_type(name, tuple(reversed(w[name].shape))))
+        return jnp.matmul(x, W[name].T, precision="highest")
+
     x = W["token_embd.weight"][jnp.asarray(tokens)]
     causal = jnp.tril(jnp.ones((T, T), bool))
     for il in range(hp.n_layer):
@@ -66,14 +80,14 @@ def llama_reference(w: dict[str, np.ndarray], hp: HParams, tokens: list[int], kv
         v = mm(h, p + "attn_v.weight").reshape(T, nkv, hd)
         k, v = _kv_round(k, kv), _kv_round(v, kv)
         k, v = jnp.repeat(k, H // nkv, axis=1), jnp.repeat(v, H // nkv, axis=1)
-        s = jnp.einsum("thd,shd->hts", q, k, precision="highest") / np.sqrt(hd)
+        s = jnp.einsum("thd,shd->hts", _vec_dot_round(q, kq_type), k, precision="highest") / np.sqrt(hd)
         a = jax.nn.softmax(jnp.where(causal[None], s, -jnp.inf), -1)
-        o = jnp.einsum("hts,shd->thd", a, v, precision="highest").reshape(T, H * hd)
+        o = jnp.einsum("hts,shd->thd", _vec_dot_round(a, kq_type), v, precision="highest").reshape(T, H * hd)
         x = x + mm(o, p + "attn_output.weight")
         h = rms(x, W[p + "ffn_norm.weight"])
         x = x + mm(jax.nn.silu(mm(h, p + "ffn_gate.weight")) * mm(h, p + "ffn_up.weight"), p + "ffn_down.weight")
-    out = w.get("output.weight", w["token_embd.weight"])
-    return np.asarray(jnp.matmul(rms(x, W["output_norm.weight"]), jnp.asarray(out).T, precision="highest"))
+    head = "output.weight" if "output.weight" in w else "token_embd.weight"
+    return np.asarray(mm(rms(x, W["output_norm.weight"]), head))
 
 
 def tiny(dtype: str = "f32") -> HParams:

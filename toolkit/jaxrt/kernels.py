@@ -88,6 +88,18 @@ def mul_mat(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     return out.reshape(b3, b2, n, m)
 
 
+# ggml-cpu's vec_dot_type of the float types (type_traits_cpu): ggml_compute_forward_mul_mat converts
+# src1 to it (from_float) before the dot products, so a product with an F16 tensor (an F16 weight, the
+# F16 KV cache's K and V) sees src1 rounded to F16; F32 and the quantized types keep src1 in f32 here
+VEC_DOT_FLOAT = {GGMLType.F16: jnp.float16, GGMLType.BF16: jnp.bfloat16}
+
+
+def mul_mat_src1(b: jnp.ndarray, a_type: GGMLType) -> jnp.ndarray:
+    """src1 of a MUL_MAT as ggml_compute_forward_mul_mat multiplies it: in src0's float vec_dot_type."""
+    dt = VEC_DOT_FLOAT.get(a_type)
+    return b if dt is None else b.astype(dt).astype(jnp.float32)
+
+
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     """Per-head mask slopes (1 when max_bias is 0), as ggml's soft_max / flash_attn compute them."""
     if max_bias <= 0.0:
@@ -314,6 +326,11 @@ def _cont(n: Tensor, r: Reader) -> jnp.ndarray:
     return (x if a.type is GGMLType.I32 else as_f32(x, a.type)).reshape(shape_of(n))
 
 
+def _mul_mat(n: Tensor, r: Reader) -> jnp.ndarray:
+    a = src(n, 0)
+    return mul_mat(r.read_f32(a), mul_mat_src1(r.read_f32(src(n, 1)), a.type))
+
+
 def _get_rows(n: Tensor, r: Reader) -> jnp.ndarray:
     a = src(n, 0)
     return get_rows(r.read(a), a.type, r.read(src(n, 1)))
@@ -380,7 +397,7 @@ KERNELS: dict[Op, Kernel] = {
     Op.ADD: _binary(jnp.add), Op.SUB: _binary(jnp.subtract), Op.MUL: _binary(jnp.multiply),
     Op.DIV: _binary(jnp.divide),
     Op.ADD1: Kernel(lambda n, r: r.read_f32(src(n, 0)) + r.read_f32(src(n, 1)).reshape(())),
-    Op.MUL_MAT: Kernel(lambda n, r: mul_mat(r.read_f32(src(n, 0)), r.read_f32(src(n, 1)))),
+    Op.MUL_MAT: Kernel(_mul_mat),
     Op.RMS_NORM: Kernel(lambda n, r: rms_norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
     Op.NORM: Kernel(lambda n, r: norm(r.read_f32(src(n, 0)), param_f32(n, "eps"))),
     Op.SCALE: Kernel(_scale, writes_view_src=True),
