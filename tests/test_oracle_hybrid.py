@@ -10,7 +10,7 @@ skipped (logged as unused), it takes a place in ``-ngl`` and holds no KV, state 
 recorded command lines named the RPC servers 127.0.0.1:50062/50063 while every log line of the same runs shows
 127.0.0.1:50052/50053; the cases file carries the ports of the log lines. ``tiny_lfm2_f32``: 6 layers,
 attention at 2 and 5 (head_count_kv 0 on the others, short convolutions with l_cache 3), heads 4/2, QK norms,
-tied output. The debug dumps of twelve of these cases are compared node by node in tests/test_oracle.py.
+tied output. The debug dumps of thirteen of these cases are compared node by node in tests/test_oracle.py.
 """
 
 from __future__ import annotations
