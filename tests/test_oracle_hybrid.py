@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,3 +115,29 @@ def test_lfm2_two_servers_have_five_splits() -> None:
     """build_rs expands layer 4's state ops (on the second server) before layer 3's own nodes (on the first),
     so llama.cpp's scheduler cuts two more splits: 5, not 3."""
     assert _planned("rpc2-lfm2-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon")["graph_splits"] == 5
+
+
+def test_a_gguf_with_an_mtp_block_reads_back(tmp_path: Path) -> None:
+    """A file written with the MTP block (block_count 9, nextn_predict_layers 1, the block's 20 tensors: a
+    full-attention MoE block plus nextn.eh_proj / enorm / hnorm / shared_head_norm, make_gguf3's list) reads
+    back as the same hyperparameters, 169 tensors in the file, and plans as the measured case."""
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models.gguf import hparams_from_gguf
+    from toolkit.models.gguf_file import open_gguf
+    from toolkit.models.hparams import HParams
+
+    c = CASES["cpu-qwen35moe_mtp-c1024-b2048-ub512-faoff"]
+    hp = HParams.from_dict(c["model"])
+    assert (hp.n_layer, hp.n_layer_all, hp.n_layer_nextn) == (8, 9, 1)
+    path = tmp_path / "mtp.gguf"
+    write_gguf(path, hp)
+    f = open_gguf(path)
+    assert len(f.tensors) == c["model"]["n_tensors_in_file"] == 169
+    assert sorted(n for n in f.tensors if n.startswith("blk.8.nextn.")) == [
+        "blk.8.nextn.eh_proj.weight", "blk.8.nextn.enorm.weight", "blk.8.nextn.hnorm.weight",
+        "blk.8.nextn.shared_head_norm.weight"]
+    back = hparams_from_gguf(f)
+    assert (back.n_layer, back.n_layer_all) == (8, 9)
+    assert back.recurrent == hp.recurrent and not back.is_recr(8)
+    got = plan_case({**c, "model": {**back.to_dict(), "name": c["model"]["name"]}})
+    assert (got["n_tensors"], got["warnings"]) == (149, c["observed"]["warnings"])
