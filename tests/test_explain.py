@@ -46,7 +46,7 @@ def test_the_shared_logs_are_here() -> None:
     names = {p.name.split("-")[1] for p in LOGS}
     assert {"tiny_f32", "small_f32", "llama3_tiny_f32", "tiny_qwen3_f32", "tiny_gemma3_f32", "tiny_moe_f32",
             "tiny_qwen3moe_f32", "gptoss"} <= names
-    assert len(LOGS) == 41
+    assert len(LOGS) == 42
 
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name.removesuffix("-DEBUG.txt"))
@@ -184,3 +184,14 @@ def test_cli_text_reports_a_difference(tmp_path: Path) -> None:
         rc = cli.main(["explain", str(tmp_path / "x.log")])
     assert rc == 1 and "logged     32833600 ≠ ours     32833536  (-64)" in buf.getvalue()
     assert "could explain a difference: a different llama.cpp version" in buf.getvalue()
+
+
+def test_an_mtp_log_says_the_block_is_skipped() -> None:
+    """qwen35moe with one NextN/MTP block (block_count 9): the text names block 8 as skipped, and every
+    logged number agrees (the model buffers hold none of its tensors)."""
+    exp = explain(DATA / "sched-debug" / "rpc1-qwen35moe_mtp-ngl2-c256-b512-ub512-faon-DEBUG.txt")
+    assert "  layers: 8 + 1 NextN/MTP (blk.8: skipped, not loaded, no KV or state; counted in -ngl) + output" \
+        in exp.lines()
+    assert exp.all_equal
+    plain = explain(DATA / "sched-debug" / "rpc1-qwen35moe-ngl4-c256-b512-ub512-faoff-DEBUG.txt")
+    assert not [line for line in plain.lines() if "NextN" in line]

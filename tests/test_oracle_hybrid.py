@@ -1,20 +1,23 @@
-"""The hybrids against llama.cpp: Qwen3.5 / Qwen3.6 (``qwen35``, ``qwen35moe``) and LFM2 (``lfm2``), the
-third oracle's tiny models (28 + 31 + 28 cases), every field compared, the recurrent state's bytes included.
+"""The hybrids against llama.cpp: Qwen3.5 / Qwen3.6 (``qwen35``, ``qwen35moe``) and LFM2 (``lfm2``), the third
+oracle's tiny models (28 + 31 + 7 + 28 cases), every field compared, the recurrent state's bytes included.
 
 The cases (tests/data/cases-qwen35.json) were printed by llama.cpp 3f545be for ``tiny_qwen35_f32`` and
-``tiny_qwen35moe_f32`` (8 layers, full attention at 3 and 7, the others a gated delta net with conv 4,
-state 32, 2 groups, 4 V heads; heads 4/2 of 64, IMROPE over 16 dimensions; qwen35moe: 8 experts, 2 used,
-and a sigmoid-gated shared expert). As for gpt-oss, the recorded command lines named the RPC servers
-127.0.0.1:50062/50063 while every log line of the same runs shows 127.0.0.1:50052/50053; the cases file
-carries the ports of the log lines. ``tiny_lfm2_f32``: 6 layers, attention at 2 and 5 (head_count_kv 0 on
-the others, short convolutions with l_cache 3), heads 4/2, QK norms, tied output. The debug dumps of twelve
-of these cases are compared node by node in tests/test_oracle.py.
+``tiny_qwen35moe_f32`` (8 layers, full attention at 3 and 7, the others a gated delta net with conv 4, state
+32, 2 groups, 4 V heads; heads 4/2 of 64, IMROPE over 16 dimensions; qwen35moe: 8 experts, 2 used, and a
+sigmoid-gated shared expert). ``tiny_qwen35moe_mtp_f32`` is the same trunk plus the NextN/MTP block the
+converter appends (``block_count`` 9, ``nextn_predict_layers`` 1), run without MTP: the block's 20 tensors are
+skipped (logged as unused), it takes a place in ``-ngl`` and holds no KV, state or weight. As for gpt-oss, the
+recorded command lines named the RPC servers 127.0.0.1:50062/50063 while every log line of the same runs shows
+127.0.0.1:50052/50053; the cases file carries the ports of the log lines. ``tiny_lfm2_f32``: 6 layers,
+attention at 2 and 5 (head_count_kv 0 on the others, short convolutions with l_cache 3), heads 4/2, QK norms,
+tied output. The debug dumps of thirteen of these cases are compared node by node in tests/test_oracle.py.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +44,8 @@ def _planned(case_id: str) -> dict[str, Any]:
 
 
 def test_cases_present() -> None:
-    assert Counter(c["arch_key"] for c in CASES.values()) == {"qwen35": 28, "qwen35moe": 31, "lfm2": 28}
+    assert Counter(c["arch_key"] for c in CASES.values()) == {"qwen35": 28, "qwen35moe": 31, "qwen35moe_mtp": 7,
+                                                              "lfm2": 28}
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
@@ -82,6 +86,24 @@ def test_registered() -> None:
     assert archs.get("qwen35moe").rope_type == 40
 
 
+def test_the_mtp_block_is_skipped_and_still_counts_for_ngl() -> None:
+    """llama.cpp warns once per tensor of the NextN/MTP block (``TENSOR_SKIP``) and counts 149 tensors, as for
+    the model without it; ``-ngl 2`` offloads block 8 and the output layer, and only ``output.weight`` lands on
+    the server (16384512 bytes), the KV cache staying on the CPU."""
+    cid = "rpc1-qwen35moe_mtp-ngl2-oo1-c1024-b2048-ub512-faon"
+    got, obs = _planned(cid), CASES[cid]["observed"]
+    unused = [w for w in got["warnings"] if w.startswith("model has unused tensor blk.8.")]
+    assert len(unused) == 20 and unused == obs["warnings"]
+    assert got["n_tensors"] == obs["n_tensors"] == 149
+    assert [list(x) for x in got["layer_devices"]][-3:] == [[7, "CPU"], [8, "RPC0"], [9, "RPC0"]]
+    assert got["model_buffers_bytes"]["RPC0[127.0.0.1:50052]"] == 16384512
+    ctx = context_from_case(CASES[cid])
+    assert not [n for n in ctx.setup.model.tensors if n.startswith("blk.8.")]
+    plain = _planned("rpc1-qwen35moe-ngl0-oo1-c1024-b2048-ub512-faon")
+    assert _planned("rpc1-qwen35moe_mtp-ngl0-oo1-c1024-b2048-ub512-faon")["kv_caches"] == plain["kv_caches"]
+    assert _planned("rpc1-qwen35moe_mtp-ngl0-oo1-c1024-b2048-ub512-faon")["rs"] == plain["rs"]
+
+
 def test_lfm2_state_has_no_s_part() -> None:
     """LFM2's short convolution keeps ``n_embd * (l_cache - 1)`` = 256 values per layer and sequence and a
     zero-sized S state: 4 layers x 1024 bytes at -np 1."""
@@ -93,3 +115,29 @@ def test_lfm2_two_servers_have_five_splits() -> None:
     """build_rs expands layer 4's state ops (on the second server) before layer 3's own nodes (on the first),
     so llama.cpp's scheduler cuts two more splits: 5, not 3."""
     assert _planned("rpc2-lfm2-ngl99-sm_layer-ts1_1-c1024-b2048-ub512-faon")["graph_splits"] == 5
+
+
+def test_a_gguf_with_an_mtp_block_reads_back(tmp_path: Path) -> None:
+    """A file written with the MTP block (block_count 9, nextn_predict_layers 1, the block's 20 tensors: a
+    full-attention MoE block plus nextn.eh_proj / enorm / hnorm / shared_head_norm, make_gguf3's list) reads
+    back as the same hyperparameters, 169 tensors in the file, and plans as the measured case."""
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models.gguf import hparams_from_gguf
+    from toolkit.models.gguf_file import open_gguf
+    from toolkit.models.hparams import HParams
+
+    c = CASES["cpu-qwen35moe_mtp-c1024-b2048-ub512-faoff"]
+    hp = HParams.from_dict(c["model"])
+    assert (hp.n_layer, hp.n_layer_all, hp.n_layer_nextn) == (8, 9, 1)
+    path = tmp_path / "mtp.gguf"
+    write_gguf(path, hp)
+    f = open_gguf(path)
+    assert len(f.tensors) == c["model"]["n_tensors_in_file"] == 169
+    assert sorted(n for n in f.tensors if n.startswith("blk.8.nextn.")) == [
+        "blk.8.nextn.eh_proj.weight", "blk.8.nextn.enorm.weight", "blk.8.nextn.hnorm.weight",
+        "blk.8.nextn.shared_head_norm.weight"]
+    back = hparams_from_gguf(f)
+    assert (back.n_layer, back.n_layer_all) == (8, 9)
+    assert back.recurrent == hp.recurrent and not back.is_recr(8)
+    got = plan_case({**c, "model": {**back.to_dict(), "name": c["model"]["name"]}})
+    assert (got["n_tensors"], got["warnings"]) == (149, c["observed"]["warnings"])

@@ -227,8 +227,8 @@ class Context:
             Control("n_batch", "size", cp.n_batch, "n_batch", *N_BATCH_OFFERED, carry=True),
             Control("n_ubatch", "size", cp.n_ubatch, "n_ubatch", *N_BATCH_OFFERED, carry=True),
             Control("flash_attn", "choice", cp.flash_attn, "flash_attn", options=("auto", "on", "off"), carry=True),
-            # n_layer + 1 offloads every layer and the output layer, as any larger number does
-            Control("n_gpu_layers", "count", cp.n_gpu_layers, "n_gpu_layers", 0, hp.n_layer + 1,
+            # n_layer_all + 1 offloads every layer and the output layer, as any larger number does
+            Control("n_gpu_layers", "count", cp.n_gpu_layers, "n_gpu_layers", 0, hp.n_layer_all + 1,
                     every=DEFAULT_N_GPU_LAYERS, carry=True),
         )
         return ContextSettings(hp.name, controls, ("layer", "split", "none"),

@@ -78,6 +78,12 @@ class Explanation:
         """The comparison as text: one line per number, then what the rebuild assumed."""
         out = [f"{self.run.log.source}: llama.cpp {self.run.log.build or '(build not printed)'}; "
                f"the toolkit follows llama.cpp {LLAMA_CPP_COMMIT}"]
+        hp = self.run.hparams
+        if hp.n_layer_nextn:
+            # load_arch_tensors without load_mtp: the NextN/MTP blocks' tensors are TENSOR_SKIP
+            blocks = ", ".join(f"blk.{il}" for il in range(hp.n_layer, hp.n_layer_all))
+            out.append(f"  layers: {hp.n_layer} + {hp.n_layer_nextn} NextN/MTP ({blocks}: skipped, not loaded, "
+                       "no KV or state; counted in -ngl) + output")
         for c in self.compared:
             mark = "=" if c.equal else "≠"
             d = "" if c.equal or c.diff is None else f"  ({c.diff:+d})"

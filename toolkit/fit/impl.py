@@ -169,6 +169,8 @@ class _Fit:
         self.n_ctx = args.n_ctx
         n_streams = 1 if args.kv_unified else max(1, args.n_parallel)
         n_ctx_auto = args.n_ctx == 0
+        # common_get_device_memory_data: hp_ngl = llama_model_n_layer (n_layer(), the trunk; the NextN/MTP
+        # blocks are added only with load_mtp), while the model places -ngl over n_layer_all + 1
         hp_nct, hp_ngl = self.hp.n_ctx_train, self.hp.n_layer
         hp_nex = n_expert(self.hp)
 

@@ -119,7 +119,7 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
     arch = archs.get(hp.arch)
     w = GGUFWriter(str(path), arch.name)
     w.add_name(hp.name)
-    w.add_block_count(hp.n_layer)
+    w.add_block_count(hp.n_layer_all)   # the NextN/MTP blocks included (Architecture.gguf_keys: nextn_predict_layers)
     w.add_context_length(hp.n_ctx_train)
     w.add_embedding_length(hp.n_embd)
     w.add_feed_forward_length(_per_layer(hp.n_ff_arr))

@@ -212,6 +212,9 @@ class WeightInfo:
     op: str = "MUL_MAT"
     # rope_freqs.weight: the layers that read it, each creating it in its buffer type (None: every layer)
     layers: tuple[int, ...] | None = None
+    # TENSOR_SKIP: in the file but never created (a NextN/MTP block's tensor when MTP is not loaded);
+    # llama_model_loader::create_tensor warns "model has unused tensor ... -- ignoring"
+    skip: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -252,6 +255,9 @@ class HParams:
     attn_v_full: bool = True            # the full-attention layers have attn_v (False: V = K, Gemma 4)
     recurrent: RecurrentParams | None = None  # the recurrent layers of a hybrid (is_recr) and their state sizes
     rope_sections: tuple[int, ...] | None = None  # rope.dimension_sections (ggml_rope_multi), 4 values
+    # nextn_predict_layers: NextN/MTP blocks after the n_layer trunk blocks (llama_hparams::n_layer_nextn);
+    # n_layer is llama_hparams::n_layer() (= n_layer_all - n_layer_nextn), the blocks the graph runs
+    n_layer_nextn: int = 0
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -264,7 +270,7 @@ class HParams:
                  n_kv_shared: int = 0, n_embd_per_layer: int = 0, final_logit_softcapping: float = 0.0,
                  attn_v_full: bool = True,
                  recurrent: RecurrentParams | None = None, rope_sections: Sequence[int] | None = None,
-                 n_head_arr: PerLayer | None = None,
+                 n_layer_nextn: int = 0, n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
@@ -292,7 +298,8 @@ class HParams:
                        ("n_embd_per_layer", n_embd_per_layer),
                        ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full),
                        ("recurrent", recurrent),
-                       ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections))):
+                       ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections)),
+                       ("n_layer_nextn", n_layer_nextn)):
             s(self, k, val)
         self._check()
 
@@ -310,7 +317,8 @@ class HParams:
             if len(rf) != self.n_rot // 2:
                 raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")
             object.__setattr__(self, "rope_freqs", rf)
-        for f, v in (("n_kv_shared", self.n_kv_shared), ("n_embd_per_layer", self.n_embd_per_layer)):
+        for f, v in (("n_kv_shared", self.n_kv_shared), ("n_embd_per_layer", self.n_embd_per_layer),
+                     ("n_layer_nextn", self.n_layer_nextn)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ToolkitError(f"{f} must be an integer >= 0, got {v!r}")
         if self.n_kv_shared >= self.n_layer:
@@ -326,6 +334,18 @@ class HParams:
                                f"n_layer={self.n_layer} needs {self.n_layer}")
 
     # ---- sizes per layer (llama_hparams) ----------------------------------------------------
+    @property
+    def n_layer_all(self) -> int:
+        """``llama_hparams::n_layer_all`` (``block_count``): the trunk and the NextN/MTP blocks. Layer
+        placement counts these (``-ngl``, the output layer is ``n_layer_all``); the graph and the memory
+        run the ``n_layer`` trunk blocks only (``llama_hparams::n_layer()``)."""
+        return self.n_layer + self.n_layer_nextn
+
+    def is_nextn(self, il: int) -> bool:
+        """Block il is a NextN/MTP block (``il >= n_layer()``): ``load_arch_tensors`` creates its tensors
+        ``TENSOR_SKIP`` unless MTP is loaded, so without ``load_mtp`` they are never loaded."""
+        return self.n_layer <= il < self.n_layer_all
+
     def n_head(self, il: int = 0) -> int:
         return _at(self.n_head_arr, il)
 
@@ -395,12 +415,14 @@ class HParams:
         return self.swa is not None
 
     def is_swa(self, il: int) -> bool:
-        """``llama_hparams::is_swa``: layer il attends through the sliding window."""
-        return self.swa is not None and self.swa.is_swa(il)
+        """``llama_hparams::is_swa``: layer il attends through the sliding window (``set_swa_pattern``:
+        never a NextN/MTP block)."""
+        return self.swa is not None and il < self.n_layer and self.swa.is_swa(il)
 
     def is_recr(self, il: int) -> bool:
         """``llama_hparams::is_recr``: layer il keeps a recurrent state (a hybrid's recurrent layers)."""
-        return self.recurrent is not None and self.recurrent.is_recr(il)
+        # set_recr_pattern / load_arch_hparams: the NextN/MTP blocks are never recurrent
+        return self.recurrent is not None and il < self.n_layer and self.recurrent.is_recr(il)
 
     def n_embd_r(self) -> int:
         """``llama_hparams::n_embd_r``: the convolution state's values per sequence (0 without recurrent layers)."""
@@ -435,8 +457,9 @@ class HParams:
 
     def weight(self, name: str, ne: tuple[int, ...], layer: int, op: str = "MUL_MAT") -> WeightInfo:
         """One weight of this model with its type (:meth:`tensor_type`); the architecture's record lists
-        them (:meth:`toolkit.models.archs.Architecture.weights`)."""
-        return WeightInfo(name, ne, self.tensor_type(name, ne), layer, op)
+        them (:meth:`toolkit.models.archs.Architecture.weights`). A NextN/MTP block's weight is
+        ``skip`` (``TENSOR_SKIP``)."""
+        return WeightInfo(name, ne, self.tensor_type(name, ne), layer, op, skip=self.is_nextn(layer))
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -474,6 +497,8 @@ class HParams:
                 attn_v_full=bool(d.get("attn_v_full", True)),
                 recurrent=RecurrentParams.from_dict(d) if d.get("recurrent_layers") else None,
                 rope_sections=tuple(int(x) for x in d["rope_sections"]) if d.get("rope_sections") else None,
+                # print_info's n_layer_all (absent: no NextN/MTP blocks)
+                n_layer_nextn=int(d.get("n_layer_all", d["n_layer"])) - int(d["n_layer"]),
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -499,6 +524,7 @@ class HParams:
             **({} if self.attn_v_full else {"attn_v_full": False}),
             **(self.recurrent.to_dict() if self.recurrent is not None else {}),
             **({"rope_sections": list(self.rope_sections)} if self.rope_sections is not None else {}),
+            **({"n_layer_all": self.n_layer_all} if self.n_layer_nextn else {}),
         }
 
 

@@ -1,9 +1,11 @@
 """Where llama.cpp puts a model: layers on devices, weights in buffers, the output buffer.
 
 - Layers (``llama_model::load_tensors``): ``-ngl`` counts the output layer; the first
-  ``n_layer + 1 - ngl`` layers stay on the CPU; the offloaded ones are spread over the
+  ``n_layer_all + 1 - ngl`` layers stay on the CPU; the offloaded ones are spread over the
   devices by the cumulative tensor split (``upper_bound`` on float32 split points); the
-  input layer (token_embd) always stays on the CPU.
+  input layer (token_embd) always stays on the CPU. ``n_layer_all`` counts the NextN/MTP
+  blocks, whose tensors are skipped (``TENSOR_SKIP``, logged as unused): such a block takes
+  a place in ``-ngl`` and holds nothing.
 - Weights: on a CPU layer a matrix goes to ``CPU_REPACK`` when the CPU's repack buffer
   can run its MUL_MAT, otherwise to the CPU buffer, which is ``CPU_Mapped`` with mmap and
   then spans the file range of its tensors (``get_mapping_range``).
@@ -37,10 +39,10 @@ def _pad(x: int, a: int) -> int:
 
 
 def layer_devices(hp: HParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
-    """Device index (into ``devs.gpus``) of layers 0..n_layer (n_layer = output); -1 = CPU."""
+    """Device index (into ``devs.gpus``) of layers 0..n_layer_all (n_layer_all = output); -1 = CPU."""
     n_dev = len(devs.gpus)
     ngl = cp.n_gpu_layers
-    n_layer = hp.n_layer
+    n_layer = hp.n_layer_all
     i_gpu_start = max(n_layer + 1 - ngl, 0)
     act_gpu_layers = 0 if n_dev == 0 else min(ngl, n_layer + 1)
     ts = cp.tensor_split
@@ -87,13 +89,14 @@ class LoadedModel:
 
     hparams: HParams
     devices: DeviceSet
-    layer_dev: list[int]                              # per layer 0..n_layer: gpu index or -1
+    layer_dev: list[int]                              # per layer 0..n_layer_all: gpu index or -1
     tensors: dict[str, Tensor] = field(default_factory=dict)
     output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
     buffers_bytes: dict[str, int] = field(default_factory=dict)
     tensor_overrides: list[overrides.TensorOverride] = field(default_factory=list)  # weights moved by -ot & co.
     override_rules: list[overrides.OverrideRule] = field(default_factory=list)
     rope_freqs: dict[int, Tensor] = field(default_factory=dict)  # per layer that reads it: its buffer type's copy
+    warnings: list[str] = field(default_factory=list)  # create_tensor's "model has unused tensor" lines
 
     def layer_backend(self, il: int) -> Backend:
         """The backend of layer il's device (the CPU backend for CPU layers)."""
@@ -144,7 +147,7 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
     is its own tensor even in the same buffer type.
     """
     model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
-    n_layer = hp.n_layer
+    n_layer = hp.n_layer_all   # the output layer's index
 
     def home(layer: int) -> int:
         return -1 if layer < 0 else model.layer_dev[min(layer, n_layer)]
@@ -182,8 +185,12 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
     rope_copy: dict[str, str] = {}                    # buffer name -> tensors key of its rope_freqs copy
     rope_of_layer: dict[int, str] = {}
     for w in creation_order(infos):
+        if w.skip:
+            # llama_model_loader::create_tensor: TENSOR_SKIP counts as created, is never allocated
+            model.warnings.append(f"model has unused tensor {w.name} (size = {w.nbytes} bytes) -- ignoring")
+            continue
         if w.layer == ROPE_FREQS_LAYER:
-            for il in (range(n_layer) if w.layers is None else w.layers):
+            for il in (range(hp.n_layer) if w.layers is None else w.layers):
                 name = buf_of(w, home(il))
                 if name not in rope_copy:
                     rope_copy[name] = w.name if not rope_copy else f"{w.name}@{name}"
@@ -275,7 +282,7 @@ def check_kv_types(hp: HParams, rp: ResolvedParams, flash_attn: bool) -> None:
 
 def output_buffer(model: LoadedModel, rp: ResolvedParams) -> dict[str, int]:
     """``output_reserve(n_seq_max)``: logits rows in the output device's host buft (else CPU)."""
-    d = model.layer_dev[model.hparams.n_layer]
+    d = model.layer_dev[model.hparams.n_layer_all]
     host = model.devices.gpus[d].host_buft if d >= 0 else None
     name = host.name if host is not None else model.devices.cpu_buft.name
     return {name: rp.n_seq_max * model.hparams.n_vocab * 4}

@@ -110,7 +110,7 @@ class ContextSetup:
         return g.n_nodes, g.n_leafs
 
     def layer_devices(self) -> list[tuple[int, str]]:
-        return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer + 1)]
+        return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer_all + 1)]
 
 
 def pipeline_parallel(hp: HParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
@@ -122,11 +122,11 @@ def pipeline_parallel(hp: HParams, cp: ContextParams, devs: DeviceSet) -> tuple[
     # llama_model::has_tensor_overrides: any -ot / --cpu-moe / --n-cpu-moe item, matched or not
     overridden = bool(cp.override_tensor or cp.cpu_moe or cp.n_cpu_moe > 0)
     check: dict[str, object] = {
-        "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer,
+        "n_devices": len(devs.gpus), "n_gpu_layers": cp.n_gpu_layers, "n_layer_all": hp.n_layer_all,
         "split_mode": cp.split_mode, "offload_kqv": cp.offload_kqv, "has_tensor_overrides": overridden,
         "caps_async_events": caps, "force": cp.force_pipeline_parallel,
     }
-    ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer and cp.split_mode == "layer" and cp.offload_kqv
+    ok = (len(devs.gpus) > 1 and cp.n_gpu_layers > hp.n_layer_all and cp.split_mode == "layer" and cp.offload_kqv
           and not overridden and (caps or cp.force_pipeline_parallel))
     check["pipeline_parallel"] = ok
     return ok, check
@@ -158,7 +158,7 @@ def setup(hp: HParams, cp: ContextParams, backends: list[Backend] | None = None,
         warnings = [f"llama_context: n_ctx is not divisible by n_seq_max - rounding down to {rp.n_ctx}", *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
     # llama_model_loader warns before the memory is created
-    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *warnings]
+    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *model.warnings, *warnings]
     return ContextSetup(hp, cp, rp, devs, model, memory, output_buffer(model, rp), fa, pp, check, warnings)
 
 
@@ -174,7 +174,7 @@ def apply_pins(sched: Scheduler, lg: GraphResult, st: ContextSetup) -> int:
     """
     n = 0
     cpu = len(sched.backends) - 1
-    full_offload = st.cparams.n_gpu_layers > st.hparams.n_layer
+    full_offload = st.cparams.n_gpu_layers > st.hparams.n_layer_all   # llama_context::graph_get_cb
     if lg.n_tokens < NORM_PIN_MAX_TOKENS or full_offload:
         for t, il in lg.norms:
             dev = st.model.layer_backend(il)

@@ -119,16 +119,18 @@ class Architecture(abc.ABC):
             # convert_hf_to_gguf writes it first; llama.cpp duplicates it per repeating layer's buffer type
             out.append(WeightInfo("rope_freqs.weight", (hp.n_rot // 2,), F32, ROPE_FREQS_LAYER, "ROPE"))
         out.append(hp.weight("token_embd.weight", (E, hp.n_vocab), -1, "GET_ROWS"))
-        for il in range(hp.n_layer):
+        for il in range(hp.n_layer_all):    # the NextN/MTP blocks' tensors are skip (TENSOR_SKIP)
             for t in self.layer_tensors(hp, il):
                 name = f"blk.{il}.{t.suffix}.{t.kind}" if t.kind else f"blk.{il}.{t.suffix}"
                 if t.keep_f32 and not any(name.endswith(s) for s in hp.tensor_types):
-                    out.append(WeightInfo(name, t.ne, F32, il, t.op))  # llama-quantize leaves it F32
+                    # llama-quantize leaves it F32
+                    out.append(WeightInfo(name, t.ne, F32, il, t.op, skip=hp.is_nextn(il)))
                 else:
                     out.append(hp.weight(name, t.ne, il, t.op))
-        out.append(hp.weight("output_norm.weight", (E,), hp.n_layer, "MUL"))
+        # the output layer is n_layer_all (llama_model::load_tensors: dev_output = get_layer_buft_list(n_layer_all))
+        out.append(hp.weight("output_norm.weight", (E,), hp.n_layer_all, "MUL"))
         if not hp.tied:
-            out.append(hp.weight("output.weight", (E, hp.n_vocab), hp.n_layer))
+            out.append(hp.weight("output.weight", (E, hp.n_vocab), hp.n_layer_all))
         for w in out:
             if w.ne[0] % w.type.blck_size:
                 raise ToolkitError(f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s "

@@ -19,7 +19,13 @@ class, two records.
 The graph (``llama_model_qwen35moe::graph``): per layer ``attn_norm`` (expanded at once), the
 recurrent or attention block, ``attn_residual``, ``attn_post_norm``, the FFN (``ffn_out``), ``l_out``;
 after the layers the output norm ``h_nextn`` (``t_h_nextn``, a graph output), then the output rows
-(``result_norm``, ``embeddings_nextn_masked`` false) and ``result_output``. NextN/MTP blocks are refused.
+(``result_norm``, ``embeddings_nextn_masked`` false) and ``result_output``.
+
+NextN/MTP blocks (``nextn_predict_layers``, appended after the trunk: ``block_count`` is ``n_layer_all``)
+are read as llama.cpp reads them when MTP is not loaded: ``load_block_mtp`` creates a full-attention
+block (qwen35moe: with the MoE FFN) plus ``nextn.eh_proj`` / ``enorm`` / ``hnorm`` / ``shared_head_norm``,
+every tensor ``TENSOR_SKIP`` (in the file, never loaded); the block counts for layer placement and for
+nothing else (not in the graph, the KV cache or the recurrent state).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
-from toolkit.errors import GGUFError, ToolkitError, UnsupportedFeature
+from toolkit.errors import GGUFError, ToolkitError
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import I32
@@ -230,13 +236,19 @@ class Qwen35(Architecture):
                     TensorSpec("ssm_beta", (E, nvh)), TensorSpec("ssm_alpha", (E, nvh)),
                     TensorSpec("ssm_norm", (rp.d_state,)), TensorSpec("ssm_out", (value_dim, E))]
         if hp.moe is None:
-            return out + ffn_tensors(hp, il, ("ffn_gate", "ffn_down", "ffn_up"))
-        moe = moe_tensors(hp, il)
-        router, gate, down, up = moe
-        fs = hp.moe.n_ff_shexp or hp.n_ff(il)
-        shexp = [TensorSpec("ffn_gate_inp_shexp", (E,), "MUL_MAT"), TensorSpec("ffn_gate_shexp", (E, fs)),
-                 TensorSpec("ffn_up_shexp", (E, fs)), TensorSpec("ffn_down_shexp", (fs, E))]
-        return out + [router, down, gate, up] + shexp
+            out += ffn_tensors(hp, il, ("ffn_gate", "ffn_down", "ffn_up"))
+        else:
+            router, gate, down, up = moe_tensors(hp, il)
+            fs = hp.moe.n_ff_shexp or hp.n_ff(il)
+            out += [router, down, gate, up, TensorSpec("ffn_gate_inp_shexp", (E,), "MUL_MAT"),
+                    TensorSpec("ffn_gate_shexp", (E, fs)), TensorSpec("ffn_up_shexp", (E, fs)),
+                    TensorSpec("ffn_down_shexp", (fs, E))]
+        if hp.is_nextn(il):
+            # load_block_mtp's NextN tensors (embed_tokens and shared_head_head are TENSOR_NOT_REQUIRED:
+            # a file without them, as the converter's, has none)
+            out += [TensorSpec("nextn.eh_proj", (2 * E, E)), TensorSpec("nextn.enorm", (E,)),
+                    TensorSpec("nextn.hnorm", (E,)), TensorSpec("nextn.shared_head_norm", (E,))]
+        return out
 
     def weights(self, hp: HParams) -> list[WeightInfo]:
         """``load_arch_tensors`` creates ``output_norm`` and ``output`` right after ``token_embd``."""
@@ -258,24 +270,32 @@ class Qwen35(Architecture):
                 raise GGUFError(f.path, f"required key is missing ({a} needs it for the gated delta net)",
                                 None, f"{a}.{key}")
             vals[field_] = int(v)
-        n_layer = int(f.get(f"{a}.block_count"))
+        n_layer_all = int(f.get(f"{a}.block_count"))
+        # NextN/MTP blocks after the trunk: n_layer() = n_layer_all - n_layer_nextn
+        n_nextn = int(f.get(f"{a}.nextn_predict_layers") or 0)
+        if n_nextn >= n_layer_all:
+            raise GGUFError(f.path, f"n_layer_nextn must be < n_layer_all ({n_layer_all})", None,
+                            f"{a}.nextn_predict_layers")
+        n_layer = n_layer_all - n_nextn
         recr = f.get(f"{a}.attention.recurrent_layers")
-        if f.get(f"{a}.nextn_predict_layers"):
-            raise UnsupportedFeature("nextn", f"{a}.nextn_predict_layers: NextN/MTP blocks are not built")
-        layers = tuple(bool(x) for x in _array(recr)) if recr is not None else \
+        # the MTP blocks are never recurrent (is_recr_impl false past n_layer()): the trunk's flags are kept
+        layers = tuple(bool(x) for x in _array(recr))[:n_layer] if recr is not None else \
             interval_layers(n_layer, int(f.get(f"{a}.full_attention_interval") or 4))
         sections = f.get(f"{a}.rope.dimension_sections")
         # a qwen35moe file has no feed_forward_length (llama.cpp's n_ff is 0 and nothing reads it): n_ff_exp
         n_ff = {} if f.get(f"{a}.feed_forward_length") is not None else \
             {"n_ff": int(f.get(f"{a}.expert_feed_forward_length") or 0)}
-        return {**n_ff, "recurrent": RecurrentParams(layers, **vals),
+        return {**n_ff, "n_layer": n_layer, "n_layer_nextn": n_nextn, "recurrent": RecurrentParams(layers, **vals),
                 "rope_sections": tuple(int(x) for x in _array(sections))[:4] if sections is not None else (0, 0, 0, 0)}
 
     def gguf_keys(self, hp: HParams) -> dict[str, Any]:
         rp = hp.recurrent
         assert rp is not None
         out: dict[str, Any] = {f"ssm.{k.split('.')[1]}": getattr(rp, fld) for k, fld in _SSM_KEYS}
-        out["attention.recurrent_layers"] = [bool(x) for x in rp.layers]
+        # one flag per block (get_key_or_arr over n_layer_all): the NextN/MTP blocks are not recurrent
+        out["attention.recurrent_layers"] = [bool(x) for x in rp.layers] + [False] * hp.n_layer_nextn
+        if hp.n_layer_nextn:
+            out["nextn_predict_layers"] = hp.n_layer_nextn
         out["rope.dimension_sections"] = list(hp.rope_sections or (0, 0, 0, 0))
         if hp.moe is not None and hp.moe.n_ff_shexp:
             out["expert_shared_feed_forward_length"] = hp.moe.n_ff_shexp
