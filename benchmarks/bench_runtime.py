@@ -7,7 +7,8 @@
    same weights;
 2. the ms of a rebuild (sched_reserve of a new scheduler + compiling its splits: cold XLA
    compile, persistent-cache load, in-memory hit) beside the reuse path;
-3. process RSS after 10 and after N alternating rebuild/reuse cycles, each compiling its
+3. tokens/s of that prompt per weight type (F32, F16, BF16, every quantized type), beside F32;
+4. process RSS after 10 and after N alternating rebuild/reuse cycles, each compiling its
    splits (cache hits after the first: executables are shared by signature, and the LRU
    bounds them, so dropped schedulers leave nothing behind).
 """
@@ -129,6 +130,53 @@ def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
             "max_rel_err": err, "graph_reused": rt.log[-1].graph_reused}
 
 
+# the ggml_half fields (d, m / dmin) of each block struct of ggml-common.h, by byte offset
+F16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82),
+              "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
+
+
+def bench_weight_types(iters: int, n_tokens: int) -> dict[str, float]:
+    """tokens/s of a prompt through the scheduled graph per weight type (every matrix of that type: random
+    valid blocks, small f16 scales), F32 first."""
+    from toolkit.context import Context
+    from toolkit.ggml.types import GGMLType
+    from toolkit.jaxrt.gguf_io import random_weights, write_gguf
+    from toolkit.jaxrt.runtime import load_weights, runtime_of
+    from toolkit.models import ContextParams, HParams, archs
+
+    out: dict[str, float] = {}
+    rng = np.random.default_rng(0)
+    prompt = list(rng.integers(0, 4096, n_tokens))
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-wt-") as d:
+        for name in ("f32", "f16", "bf16", *F16_FIELDS):
+            t = GGMLType.parse(name)
+            hp = HParams(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, n_vocab=4096, dtype=t, name="bench")
+            vals = random_weights(hp, 1, 0.02)
+            for w in archs.get(hp.arch).weights(hp):
+                if w.type is t and t.is_quantized:
+                    raw = rng.integers(0, 256, (w.ne[1], w.ne[0] // t.blck_size, t.type_size), dtype=np.uint8)
+                    for off in F16_FIELDS[name]:
+                        f = (rng.uniform(-1, 1, raw.shape[:2]) * 2e-3).astype(np.float16)
+                        raw[..., off:off + 2] = f[..., None].view(np.uint8)
+                    vals[w.name] = raw.reshape(w.ne[1], -1)
+            path = os.path.join(d, f"{name}.gguf")
+            write_gguf(path, hp, vals)
+            cp = ContextParams(n_ctx=256, n_batch=n_tokens, n_ubatch=n_tokens, flash_attn="off",
+                               type_k="f32", type_v="f32")
+            ctx = Context(hp, cp, parallel=False)
+            load_weights(ctx, path)
+            rt = runtime_of(ctx)
+            times = []
+            for i in range(iters + 1):
+                rt.clear()
+                t0 = time.perf_counter()
+                rt.decode(prompt)
+                if i:  # the first call compiles
+                    times.append(time.perf_counter() - t0)
+            out[t.name] = n_tokens / statistics.median(times)
+    return out
+
+
 def bench_rebuild_reuse(reps: int) -> dict[str, Any]:
     from toolkit.jaxrt.compile import default_cache
     from toolkit.jaxrt.runtime import compile_splits, decode
@@ -224,6 +272,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-jax-") as d:
         enable_persistent_cache(d)  # a fresh persistent cache: "cold" means a real XLA compile
         res = {"throughput": bench_throughput(args.iters, args.n_tokens),
+               "weight_types_tok_s": bench_weight_types(max(1, args.iters // 4), args.n_tokens),
                "rebuild_vs_reuse_ms": bench_rebuild_reuse(args.reps), "rss": bench_rss(args.cycles, args.keep_events)}
     if args.json:
         print(json.dumps(res, indent=1))
@@ -233,6 +282,10 @@ def main(argv: list[str]) -> int:
     print(f"  scheduled run   {t['scheduled_tok_s']:10.1f} tok/s   (graph reused: {t['graph_reused']})")
     print(f"  jax.jit forward {t['jit_reference_tok_s']:10.1f} tok/s")
     print(f"  ratio           {t['ratio']:10.3f}x        (logits max rel err {t['max_rel_err']:.1e})")
+    wt = res["weight_types_tok_s"]
+    print("tokens/s per weight type (every matrix of that type, dequantized in the kernels), vs F32")
+    for k, v in wt.items():
+        print(f"  {k:7s} {v:10.1f} tok/s   {v / wt['F32']:6.2f}x")
     print("rebuild (sched_reserve + compile splits) vs reuse, median ms")
     for k, v in rr.items():
         print(f"  {k:26s} {v:9.1f}")

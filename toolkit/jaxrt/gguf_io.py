@@ -2,7 +2,7 @@
 
 Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped)
 and the hyperparameters planning reads (:func:`toolkit.models.gguf.hparams_from_gguf`). A weight's
-data stays in its file layout (f32/f16 values, bf16 bits, Q8_0/Q4_0/MXFP4 blocks as bytes), which is
+data stays in its file layout (f32/f16 values, bf16 bits, quantized blocks as bytes), which is
 ggml's memory image, so it goes to its device unchanged and quantized weights are dequantized
 inside the kernels. Writing uses ``gguf.GGUFWriter``; ``gguf.quants`` is the independent reference
 for the block formats the JAX kernels decode.
@@ -86,10 +86,14 @@ def random_weights(hp: HParams, seed: int = 0, scale: float = 0.1) -> dict[str, 
 
 
 def encode(values: np.ndarray, type_: GGMLType) -> tuple[np.ndarray, Any]:
-    """f32 values -> (array to write, GGML quantization type) in the file layout."""
+    """f32 values -> (array to write, GGML quantization type) in the file layout. uint8 values of a
+    quantized type are taken as its blocks already (rows of ``type_.row_size(ne0)`` bytes): the way to
+    write a type ``gguf.quants`` can dequantize but not quantize (the K-quants, IQ4_NL, IQ4_XS)."""
     from gguf import GGMLQuantizationType, quants
 
     qt = GGMLQuantizationType(type_.ggml_id)
+    if type_.is_quantized and values.dtype == np.uint8:
+        return values, qt
     if type_ is GGMLType.F32:
         return values.astype(np.float32), qt
     if type_ is GGMLType.F16:
@@ -109,10 +113,10 @@ def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.
 
 def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] | None = None,
                seed: int = 0) -> dict[str, np.ndarray]:
-    """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given), a
-    minimal tokenizer, and return the f32 values the file holds *after* quantization (what ggml computes
-    with). The keys are the common ones (per-layer sizes as arrays) and the architecture's
-    (``Architecture.gguf_keys``)."""
+    """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given; a
+    quantized weight may be given as its blocks, see :func:`encode`), a minimal tokenizer, and return the
+    f32 values the file holds *after* quantization (what ggml computes with). The keys are the common
+    ones (per-layer sizes as arrays) and the architecture's (``Architecture.gguf_keys``)."""
     from gguf import GGUFWriter
 
     vals = dict(values) if values is not None else random_weights(hp, seed)

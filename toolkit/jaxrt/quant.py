@@ -1,6 +1,11 @@
-"""ggml block quantization in JAX: Q8_0, Q4_0 and MXFP4 dequantized inside the compiled kernel.
+"""ggml block quantization in JAX: every weight type the runtime runs, dequantized inside the compiled kernel.
 
-Block layouts (ggml-common.h):
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 blocks hold 32 elements; the K-quants Q2_K, Q3_K, Q4_K,
+Q5_K, Q6_K and IQ4_XS hold QK_K = 256 in sub-blocks of 16 or 32 with their own scales. Each kernel
+follows its ``dequantize_row_*`` (ggml-quants.c) over the block struct of ggml-common.h, vectorized:
+the raw bytes are reshaped to (..., n_blocks, type_size) and the fields read with bit operations.
+
+The first three layouts (ggml-common.h):
 - Q8_0: 34 bytes per 32 elements: ``d`` (f16, little endian), then 32 int8 ``qs``; x = d * q.
 - Q4_0: 18 bytes per 32 elements: ``d`` (f16), then 16 bytes of nibbles; byte j holds element j
   in its low nibble and element j+16 in its high nibble; x = d * (q - 8).
@@ -71,7 +76,184 @@ def dequant_mxfp4(raw: jnp.ndarray) -> jnp.ndarray:
     return (q * _e8m0_to_fp32_half(blocks[..., 0])[..., None]).reshape(*lead, nblk * QK)
 
 
-DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0, GGMLType.MXFP4: dequant_mxfp4}
+# ---- the other 32-element blocks (dequantize_row_q4_1, _q5_0, _q5_1, _iq4_nl) -------------------
+
+def _blocks(raw: jnp.ndarray, type_size: int) -> tuple[tuple[int, ...], int, jnp.ndarray]:
+    """uint8 rows (..., nblocks*type_size) -> (leading dims, nblocks, blocks (..., nblocks, type_size))."""
+    lead = raw.shape[:-1]
+    nblk = raw.shape[-1] // type_size
+    return lead, nblk, raw.reshape(*lead, nblk, type_size)
+
+
+def _f16_at(blocks: jnp.ndarray, off: int) -> jnp.ndarray:
+    """The ggml_half at byte ``off`` of each block, as f32 (GGML_FP16_TO_FP32), with a trailing axis of 1."""
+    return lax.bitcast_convert_type(blocks[..., off:off + 2], jnp.float16).astype(jnp.float32)[..., None]
+
+
+def _nibbles(qs: jnp.ndarray) -> jnp.ndarray:
+    """(..., 16) bytes -> (..., 32) values: the low nibbles (elements 0..15), then the high ones (16..31)."""
+    return jnp.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits(b: jnp.ndarray, width: int = 1) -> jnp.ndarray:
+    """(..., m, n) bytes -> (..., m, 8 // width, n): field k of width bits of byte j at [..., k, j]."""
+    shifts = jnp.arange(0, 8, width, dtype=jnp.uint8)[:, None]
+    return (b[..., None, :] >> shifts) & ((1 << width) - 1)
+
+
+def _qh32(qh: jnp.ndarray) -> jnp.ndarray:
+    """block_q5_0's ``qh`` (4 bytes, a little-endian uint32) -> (..., 32): bit e is element e's fifth bit."""
+    return _bits(qh[..., None, :])[..., 0, :, :].swapaxes(-1, -2).reshape(*qh.shape[:-1], 32)
+
+
+def dequant_q4_1(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q4_1``: block_q4_1 = d, m (f16), 16 bytes of nibbles; x = q*d + m."""
+    lead, nblk, b = _blocks(raw, 20)
+    q = _nibbles(b[..., 4:]).astype(jnp.float32)
+    return (_f16_at(b, 0) * q + _f16_at(b, 2)).reshape(*lead, nblk * QK)
+
+
+def dequant_q5_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q5_0``: block_q5_0 = d (f16), qh (the 32 fifth bits), 16 bytes of nibbles;
+    x = d * ((nibble | fifth bit << 4) - 16)."""
+    lead, nblk, b = _blocks(raw, 22)
+    q = (_nibbles(b[..., 6:]) | (_qh32(b[..., 2:6]) << 4)).astype(jnp.int32) - 16
+    return (_f16_at(b, 0) * q.astype(jnp.float32)).reshape(*lead, nblk * QK)
+
+
+def dequant_q5_1(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q5_1``: block_q5_1 = d, m (f16), qh, 16 bytes of nibbles; x = q*d + m."""
+    lead, nblk, b = _blocks(raw, 24)
+    q = (_nibbles(b[..., 8:]) | (_qh32(b[..., 4:8]) << 4)).astype(jnp.float32)
+    return (_f16_at(b, 0) * q + _f16_at(b, 2)).reshape(*lead, nblk * QK)
+
+
+# kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL and IQ4_XS
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def dequant_iq4_nl(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq4_nl``: block_iq4_nl = d (f16), 16 bytes of nibbles as Q4_0's; x = d * kvalues_iq4nl[q]."""
+    lead, nblk, b = _blocks(raw, 18)
+    q = jnp.asarray(KVALUES_IQ4NL, jnp.float32)[_nibbles(b[..., 2:]).astype(jnp.int32)]
+    return (_f16_at(b, 0) * q).reshape(*lead, nblk * QK)
+
+
+# ---- K-quants: super-blocks of QK_K = 256 elements (dequantize_row_q2_K .. _q6_K, _iq4_xs) -------
+# Every product below is exact in f32 (an f16 times small integers) but the last, which rounds once,
+# so the order of the multiplications does not change a result.
+
+QK_K = 256
+
+
+def _per_sub(scale: jnp.ndarray, q: jnp.ndarray) -> jnp.ndarray:
+    """(..., n_sub) scales times (..., 256) values, the sub-block of element e being e // (256 / n_sub)."""
+    n_sub = scale.shape[-1]
+    return (scale[..., None] * q.reshape(*q.shape[:-1], n_sub, QK_K // n_sub)).reshape(q.shape)
+
+
+def _crumbs(qs: jnp.ndarray) -> jnp.ndarray:
+    """Q2_K/Q3_K's ``qs`` (64 bytes) -> (..., 256) 2-bit values: element 128n + 32j + l is bits 2j..2j+1 of
+    byte 32n + l (the shift loop of dequantize_row_q2_K)."""
+    lead = qs.shape[:-1]
+    return _bits(qs.reshape(*lead, 2, 32), 2).reshape(*lead, QK_K)
+
+
+def dequant_q2_K(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q2_K``: block_q2_K = 16 scale bytes (low nibble: scale, high: min), qs, d, dmin (f16);
+    x = d*sc * q - dmin*m per sub-block of 16."""
+    lead, nblk, b = _blocks(raw, 84)
+    sc = b[..., :16]
+    dl = _f16_at(b, 80) * (sc & 0x0F).astype(jnp.float32)
+    ml = _f16_at(b, 82) * (sc >> 4).astype(jnp.float32)
+    q = _crumbs(b[..., 16:80]).astype(jnp.float32)
+    return (_per_sub(dl, q) - jnp.repeat(ml, 16, axis=-1)).reshape(*lead, nblk * QK_K)
+
+
+def _scales_q3_K(s: jnp.ndarray) -> jnp.ndarray:
+    """block_q3_K's 12 scale bytes -> 16 signed 6-bit scales (the aux/kmask shuffle of dequantize_row_q3_K):
+    scale i has the low (i < 8) or high nibble of byte i % 8, and bits 2(i // 4).. of byte 8 + i % 4."""
+    lo = jnp.concatenate([s[..., :8] & 0x0F, s[..., :8] >> 4], axis=-1)
+    hi = _bits(s[..., None, 8:12], 2).reshape(*s.shape[:-1], 16)
+    return (lo | (hi << 4)).astype(jnp.int32) - 32
+
+
+def dequant_q3_K(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q3_K``: block_q3_K = hmask (32 bytes), qs (64), scales (12), d (f16);
+    x = d * (scale - 32) * (q - (hmask bit ? 0 : 4)); element 32k + l's hmask bit is bit k of byte l."""
+    lead, nblk, b = _blocks(raw, 110)
+    hbit = _bits(b[..., None, :32]).reshape(*lead, nblk, QK_K)
+    q = _crumbs(b[..., 32:96]).astype(jnp.int32) - jnp.where(hbit != 0, 0, 4)
+    dl = _f16_at(b, 108) * _scales_q3_K(b[..., 96:108]).astype(jnp.float32)
+    return _per_sub(dl, q.astype(jnp.float32)).reshape(*lead, nblk * QK_K)
+
+
+def _scale_min_k4(s: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``get_scale_min_k4`` for j = 0..7 at once: the 6-bit (scale, min) pairs of block_q4_K's 12 bytes."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = jnp.concatenate([d & 63, (md & 0x0F) | ((d >> 6) << 4)], axis=-1)
+    mn = jnp.concatenate([m & 63, (md >> 4) | ((m >> 6) << 4)], axis=-1)
+    return sc.astype(jnp.float32), mn.astype(jnp.float32)
+
+
+def _k4_values(qs: jnp.ndarray) -> jnp.ndarray:
+    """Q4_K/Q5_K's ``qs`` (128 bytes) -> (..., 256): element 64j + l is the low nibble of byte 32j + l,
+    element 64j + 32 + l its high nibble."""
+    lead = qs.shape[:-1]
+    return _bits(qs.reshape(*lead, 4, 32), 4).reshape(*lead, QK_K)
+
+
+def _dequant_k4(b: jnp.ndarray, q: jnp.ndarray) -> jnp.ndarray:
+    """x = d*sc * q - dmin*m per sub-block of 32 (block_q4_K and block_q5_K start with d, dmin, scales)."""
+    sc, mn = _scale_min_k4(b[..., 4:16])
+    return _per_sub(_f16_at(b, 0) * sc, q) - jnp.repeat(_f16_at(b, 2) * mn, 32, axis=-1)
+
+
+def dequant_q4_K(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q4_K``: block_q4_K = d, dmin (f16), scales (12), qs (128)."""
+    lead, nblk, b = _blocks(raw, 144)
+    return _dequant_k4(b, _k4_values(b[..., 16:]).astype(jnp.float32)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_q5_K(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q5_K``: block_q5_K = d, dmin (f16), scales (12), qh (32), qs (128); element 32k + l
+    adds 16 when bit k of qh[l] is set."""
+    lead, nblk, b = _blocks(raw, 176)
+    hbit = _bits(b[..., None, 16:48]).reshape(*lead, nblk, QK_K)
+    q = (_k4_values(b[..., 48:]) | (hbit << 4)).astype(jnp.float32)
+    return _dequant_k4(b, q).reshape(*lead, nblk * QK_K)
+
+
+def dequant_q6_K(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q6_K``: block_q6_K = ql (128), qh (64), 16 int8 scales, d (f16). In each half n of
+    128 elements, element 32k + l takes nibble k // 2 of ql[64n + 32(k % 2) + l] and bits 2k.. of
+    qh[32n + l]; x = d * scale[e // 16] * (q - 32)."""
+    lead, nblk, b = _blocks(raw, 210)
+    ql = _bits(b[..., :128].reshape(*lead, nblk, 2, 64), 4).reshape(*lead, nblk, QK_K)
+    qh = _bits(b[..., 128:192].reshape(*lead, nblk, 2, 32), 2).reshape(*lead, nblk, QK_K)
+    q = (ql | (qh << 4)).astype(jnp.int32) - 32
+    sc = lax.bitcast_convert_type(b[..., 192:208], jnp.int8).astype(jnp.float32)
+    return _per_sub(_f16_at(b, 208) * sc, q.astype(jnp.float32)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq4_xs(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq4_xs``: block_iq4_xs = d (f16), scales_h (uint16), scales_l (4), qs (128); sub-block
+    ib of 32 has ls = nibble ib % 2 of scales_l[ib / 2] | bits 2ib.. of scales_h << 4, its 16 bytes of qs
+    are nibbles as Q4_0's, and x = d * (ls - 32) * kvalues_iq4nl[q]."""
+    lead, nblk, b = _blocks(raw, 136)
+    sh = _bits(b[..., None, 2:4], 2).swapaxes(-1, -2).reshape(*lead, nblk, 8)  # 2-bit fields of a little-endian u16
+    sl = _bits(b[..., None, 4:8], 4).swapaxes(-1, -2).reshape(*lead, nblk, 8)
+    ls = (sl | (sh << 4)).astype(jnp.int32) - 32
+    idx = _nibbles(b[..., 8:].reshape(*lead, nblk, 8, 16)).astype(jnp.int32)
+    q = jnp.asarray(KVALUES_IQ4NL, jnp.float32)[idx].reshape(*lead, nblk, QK_K)
+    return _per_sub(_f16_at(b, 0) * ls.astype(jnp.float32), q).reshape(*lead, nblk * QK_K)
+
+
+DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0, GGMLType.MXFP4: dequant_mxfp4,
+           GGMLType.Q4_1: dequant_q4_1, GGMLType.Q5_0: dequant_q5_0, GGMLType.Q5_1: dequant_q5_1,
+           GGMLType.Q2_K: dequant_q2_K, GGMLType.Q3_K: dequant_q3_K, GGMLType.Q4_K: dequant_q4_K,
+           GGMLType.Q5_K: dequant_q5_K, GGMLType.Q6_K: dequant_q6_K, GGMLType.IQ4_NL: dequant_iq4_nl,
+           GGMLType.IQ4_XS: dequant_iq4_xs}
 
 
 def dequantize(raw: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
