@@ -19,7 +19,7 @@ import numpy as np
 
 from toolkit.context import Context
 from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
-from toolkit.jaxrt.gguf_io import read_gguf
+from toolkit.jaxrt.gguf_io import SUPPORTED, read_gguf
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of
 from toolkit.models import ContextParams
 
@@ -45,7 +45,8 @@ def _tokens(s: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--gguf", required=True, help="llama GGUF file (F32, F16, BF16, Q8_0, Q4_0 weights)")
+    p.add_argument("--gguf", required=True, help="GGUF file (weights of "
+                   + ", ".join(t.name for t in SUPPORTED) + ")")
     p.add_argument("--tokens", required=True, type=_tokens, help="token ids, e.g. 1,2,3")
     p.add_argument("--devices", default="cpu", help="cpu | sim:N (N simulated accelerators) | auto (JAX GPUs/TPUs)")
     p.add_argument("--ngl", type=int, default=999, help="n_gpu_layers (default: all)")
