@@ -11,29 +11,21 @@ gives the plain model ``-ngl 9 -ts 7,2`` gives the MTP model ``-ngl 9 -ts 6,3``.
 
 from __future__ import annotations
 
-import json
-import re
 from collections import Counter
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
+from fit_checks import check_fit_case, load_fit_cases
 
 from toolkit.fit.cases import fit_case
 
-DATA = Path(__file__).resolve().parent / "data"
-FIT_CASES = {c["id"]: c for c in json.loads((DATA / "fit-cases-qwen35moe.json").read_text())}
-TOOK = re.compile(r"took [\d.]+ seconds")
+FIT_CASES = load_fit_cases("fit-cases-qwen35moe.json")
 
 
 @cache
 def _fitted(cid: str) -> dict[str, Any]:
     return fit_case(FIT_CASES[cid])
-
-
-def _mask(lines: list[str]) -> list[str]:
-    return [TOOK.sub("took N seconds", line) for line in lines]
 
 
 def test_cases_present() -> None:
@@ -43,24 +35,7 @@ def test_cases_present() -> None:
 
 @pytest.mark.parametrize("cid", list(FIT_CASES))
 def test_fit_case(cid: str) -> None:
-    c, got = FIT_CASES[cid], _fitted(cid)
-    assert "error" not in got, got.get("error")
-    assert got["printed"] == c["fit"]["printed"]
-    assert got["fitted"] == c["fit"]["fitted"]
-    assert _mask(got["log_lines"]) == _mask(c["fit"]["fit_log_lines"])
-    assert len(got["probes"]) == len(c["fit"]["probes"])
-    for g, w in zip(got["probes"], c["fit"]["probes"]):
-        assert {x["buft"]: x["bytes"] for x in g["compute_buffer"]} == {x["buft"]: x["bytes"] for x in
-                                                                        w["compute_buffer"]}
-        assert sum(x["bytes"] for x in g["context"]) == sum(k["size_k_bytes"] + k["size_v_bytes"] for k in w["kv"]) \
-            + c["run"]["observed"]["rs_bytes"]
-    obs, real = c["run"]["observed"], got["real"]
-    assert real["compute_buffers_bytes"] == obs["compute_buffers_bytes"]
-    assert real["context_buffers_bytes"] == dict(Counter(obs["kv_buffers_bytes"]) + Counter(obs["rs_buffers_bytes"]))
-    assert real["model_buffers_bytes"] == obs["model_buffers_bytes"]
-    for d, chk in zip(real["devices"], c["run"]["device_check"]):
-        assert d["real"]["total"] == chk["used_bytes"]
-        assert (d["fits"], d["keeps_margin"]) == (chk["fits_limit"], chk["fits_limit_minus_margin"])
+    check_fit_case(FIT_CASES[cid], _fitted(cid))
 
 
 def test_the_mtp_block_moves_the_two_server_split() -> None:
