@@ -44,7 +44,7 @@ def tensor_list(r: dict[str, Any]) -> Tensors:
         out += [(p + "attn_norm.weight", (E,), "norm"), (p + "attn_q.weight", (E, hd * H), "mat")]
         if kv:
             out.append((p + "attn_k.weight", (E, hd * hkv), "mat"))
-        if swa:
+        if swa and kv:       # a KV-shared layer's checkpoint has no V projection (nor K)
             out.append((p + "attn_v.weight", (E, hd * hkv), "mat"))
         out += [(p + "attn_output.weight", (hd * H, E), "mat"), (p + "attn_q_norm.weight", (hd,), "norm")]
         if kv:

@@ -213,7 +213,9 @@ class Gemma4(Architecture):
         if hp.has_kv(il):
             out.append(TensorSpec("attn_k", (E, nkv)))
         # attn_v is TENSOR_NOT_REQUIRED: absent on full layers with V = K, and on the layers past
-        # n_layer - n_kv_shared, whose checkpoints carry no K/V projections
+        # n_layer - n_kv_shared, whose checkpoints carry no K/V projections. llama.cpp would still
+        # load (and never use) an attn_v a file put on a shared layer; the toolkit refuses such a
+        # file as having a tensor gemma4 does not read (no measured case has one).
         if hp.has_kv(il) and (hp.is_swa(il) or hp.attn_v_full):
             out.append(TensorSpec("attn_v", (E, hp.n_embd_v_gqa(il))))
         out += [TensorSpec("attn_output", (nq, E)), TensorSpec("attn_q_norm", (H,))]
