@@ -166,7 +166,7 @@ def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *, rope_freqs: bool = True,
-              kv_f16: bool = True, kq_f16: bool = False) -> np.ndarray:
+              kv_f16: bool = True, kq_f16: bool = False, gelu_table: bool = True) -> np.ndarray:
     """Plain JAX forward of recipe r: logits [T, n_vocab] of every position.
 
     The architecture's :class:`Reference` picks the pieces: llama (NORM RoPE, ``rope_freqs``
@@ -202,7 +202,14 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         return jnp.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], -1)
 
     def gelu(x: jax.Array) -> jax.Array:
-        return 0.5 * x * (1.0 + jnp.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
+        """ggml_gelu_f32; ``gelu_table``: as ggml-cpu reads it from ggml_table_gelu_f16 (GGML_GELU_FP16),
+        at x rounded to f16, an f16 result, 0 at or below -10 and x at or above 10."""
+        def tanh_form(v: jax.Array) -> jax.Array:
+            return 0.5 * v * (1.0 + jnp.tanh(0.7978845608028654 * v * (1.0 + 0.044715 * v * v)))
+        if not gelu_table:
+            return tanh_form(x)
+        mid = tanh_form(x.astype(jnp.float16).astype(jnp.float32)).astype(jnp.float16).astype(jnp.float32)
+        return jnp.where(x <= -10.0, 0.0, jnp.where(x >= 10.0, x, mid))
 
     def mm(x: jax.Array, name: str) -> jax.Array:
         return jnp.matmul(x, W[name].T, precision="highest")

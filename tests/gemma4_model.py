@@ -134,13 +134,20 @@ def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
     return vals
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu_f32: the tanh approximation."""
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
+def _gelu(x: np.ndarray, table: bool) -> np.ndarray:
+    """ggml_gelu_f32, the tanh approximation; ``table``: as ggml-cpu reads it (``GGML_GELU_FP16``):
+    ``ggml_table_gelu_f16`` at x rounded to f16, an f16 result, 0 at or below -10 and x at or above 10."""
+    def tanh_form(v: np.ndarray) -> np.ndarray:
+        return 0.5 * v * (1.0 + np.tanh(0.7978845608028654 * v * (1.0 + 0.044715 * v * v)))
+    if not table:
+        return tanh_form(x)
+    mid = tanh_form(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, mid))
 
 
 def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *, kv_f16: bool = True,
-              kq_f16: bool = True, window: bool = True, rope_freqs: bool = True, v_norm: bool = True) -> np.ndarray:
+              kq_f16: bool = True, window: bool = True, rope_freqs: bool = True, v_norm: bool = True,
+              gelu_table: bool = True) -> np.ndarray:
     """Logits [T, n_vocab] of every position, float64 arithmetic over the file's weights, written from
     ``llama_model_gemma4::graph``: embeddings times sqrt(n_embd); per layer Q, K with their norms and
     NEOX RoPE (the layer's base and ``n_rot``, ``rope_freqs`` dividing the full layers' frequencies), V
@@ -175,7 +182,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
         return x.astype(np.float16).astype(np.float64) if on else x
 
     def geglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-        return (_gelu(h @ gate.T) * (h @ up.T)) @ down.T
+        return (_gelu(h @ gate.T, gelu_table) * (h @ up.T)) @ down.T
 
     x = W["token_embd.weight"][np.asarray(tokens)] * np.sqrt(float(E))
     ti, si = np.arange(T)[:, None], np.arange(T)[None, :]
@@ -224,7 +231,7 @@ def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *,
             for t in range(T):
                 for j, ex in enumerate(top[t]):
                     gu = W[p + "ffn_gate_up_exps.weight"][ex] @ hm[t]
-                    down = W[p + "ffn_down_exps.weight"][ex] @ (_gelu(gu[:FE]) * gu[FE:])
+                    down = W[p + "ffn_down_exps.weight"][ex] @ (_gelu(gu[:FE], gelu_table) * gu[FE:])
                     moe[t] += wts[t, j] * down * W[p + "ffn_down_exps.scale"][ex]
             mlp = mlp + rms(moe, W[p + "post_ffw_norm_2.weight"])
         x = (rms(mlp, W[p + "post_ffw_norm.weight"]) + attn_out) * W[p + "layer_output_scale.weight"]

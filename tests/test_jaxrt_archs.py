@@ -18,6 +18,7 @@ from arch_models import recipe_of, reference, write_model  # noqa: E402
 
 from toolkit.context import Context  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
+from toolkit.jaxrt.operands import Numerics  # noqa: E402
 from toolkit.jaxrt.runtime import ContextRuntime, runtime_of  # noqa: E402
 from toolkit.models import ContextParams  # noqa: E402
 
@@ -35,10 +36,10 @@ def _jax_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def _runtime(path: str, *, n_ctx: int = 256, n_ubatch: int = 256, fa: str = "off", devices: tuple[str, ...] = (),
-             ngl: int = 999, kv: str = "f16") -> ContextRuntime:
+             ngl: int = 999, kv: str = "f16", gelu_table: bool = True) -> ContextRuntime:
     cp = ContextParams(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ubatch, flash_attn=fa,  # type: ignore[arg-type]
                        devices=devices, n_gpu_layers=ngl if devices else 0, type_k=kv, type_v=kv)
-    return runtime_of(Context(path, cp))
+    return runtime_of(Context(path, cp), Numerics(gelu_f16_table=gelu_table))
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
@@ -92,17 +93,18 @@ def test_gemma3_longer_than_the_window(devices: tuple[str, ...], n_ubatch: int, 
 
     With ubatches of 64 the SWA cache has pad(128 + 64, 256) = 256 cells, fewer than the positions,
     so its cells are reused; the reference without a window must not match. The cache is F32 here:
-    with QK-norm the keys are O(1), and F16 rounding alone would differ by up to ~7e-5."""
+    with QK-norm the keys are O(1), and F16 rounding alone would differ by up to ~7e-5. For the same
+    reason GELU runs without ggml-cpu's f16 table on both sides (Numerics(gelu_f16_table=False))."""
     r = _small("logits-tiny_gemma3_f32-faoff")
     path = str(tmp_path / "gemma3.gguf")
     w = write_model(path, r)
     tokens = [int(x) for x in np.random.default_rng(7).integers(0, r["n_vocab"], 302)]
-    rt = _runtime(path, n_ctx=512, n_ubatch=n_ubatch, devices=devices, kv="f32")
+    rt = _runtime(path, n_ctx=512, n_ubatch=n_ubatch, devices=devices, kv="f32", gelu_table=False)
     assert [(c.kind, c.kv_size, c.n_swa) for c in rt.memory.caches] == \
         [("non-SWA", 512, 0), ("SWA", 512 if n_ubatch == 512 else 256, 128)]
     got = np.concatenate([rt.decode(tokens[:300]), rt.decode(tokens[300:301]), rt.decode(tokens[301:])])
-    assert _rel(got, reference(w, r, tokens, kv_f16=False)) < TOL_REF
-    assert _rel(got, reference(w, {**r, "sliding_window": 0}, tokens, kv_f16=False)) > TOL_REF
+    assert _rel(got, reference(w, r, tokens, kv_f16=False, gelu_table=False)) < TOL_REF
+    assert _rel(got, reference(w, {**r, "sliding_window": 0}, tokens, kv_f16=False, gelu_table=False)) > TOL_REF
     if devices:
         assert len(rt.log[0].splits) > 1
 

@@ -13,7 +13,9 @@ Importing this package imports JAX; nothing in the pure core imports it. A
 - :func:`make_backends("sim:2") <toolkit.jaxrt.devices.make_backends>` → backends bound to JAX devices.
 - :func:`runtime_of(ctx) <toolkit.jaxrt.runtime.runtime_of>` → the context's
   :class:`~toolkit.jaxrt.runtime.ContextRuntime` (its weights and KV cache on the devices, ``n_past``,
-  ``clear()``, the decode loop, the log of each ubatch's splits).
+  ``clear()``, the decode loop, the log of each ubatch's splits); ``runtime_of(ctx, Numerics(gelu_f16_table=False))``
+  runs the ops ggml backends compute differently the GPU backends' way instead of ggml-cpu's
+  (:class:`~toolkit.jaxrt.operands.Numerics`).
 - :class:`~toolkit.jaxrt.execute.GraphRunner` runs any scheduled graph's splits, also graphs built
   without a context; :data:`~toolkit.jaxrt.kernels.KERNELS` is the table of the ops themselves.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 from toolkit.jaxrt.compile import CompileCache, default_cache, enable_persistent_cache
 from toolkit.jaxrt.devices import configure_cpu_devices, make_backends, request_cpu_devices
 from toolkit.jaxrt.execute import GraphRunner, SplitSpec
+from toolkit.jaxrt.operands import CPU_NUMERICS, Numerics
 from toolkit.jaxrt.runtime import (
     ContextRuntime,
     bind_executors,
@@ -37,7 +40,8 @@ from toolkit.jaxrt.runtime import (
 )
 
 __all__ = [
-    "CompileCache", "ContextRuntime", "GraphRunner", "SplitSpec", "bind_executors", "compile_splits",
+    "CPU_NUMERICS", "CompileCache", "ContextRuntime", "GraphRunner", "Numerics", "SplitSpec", "bind_executors",
+    "compile_splits",
     "configure_cpu_devices", "decode", "default_cache", "enable_persistent_cache", "generate",
     "init_random_weights", "load_weights", "make_backends", "request_cpu_devices", "runtime_of",
 ]

@@ -25,6 +25,7 @@ import jax
 from toolkit.ggml.tensor import Op, Tensor, is_view_op
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.kernels import Env, writes_into_view
+from toolkit.jaxrt.operands import CPU_NUMERICS, Numerics
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "toolkit", "jax")
 _persistent_dir: str | None = None
@@ -91,10 +92,11 @@ class SplitProgram:
     outputs: list[Tensor]         # bases written and needed afterwards
     signature: str = ""
     donate: tuple[int, ...] = ()  # inputs updated in place (KV cache): their buffers are donated
+    numerics: Numerics = CPU_NUMERICS  # which way ops that ggml backends compute differently go
 
     @classmethod
-    def build(cls, nodes: Iterable[Tensor], keep: set[Tensor] | None = None, donate: set[Tensor] | None = None
-              ) -> SplitProgram:
+    def build(cls, nodes: Iterable[Tensor], keep: set[Tensor] | None = None, donate: set[Tensor] | None = None,
+              numerics: Numerics = CPU_NUMERICS) -> SplitProgram:
         """``keep``: bases that must be returned when this split writes them (None: all written)."""
         nodes = list(nodes)
         produced: set[Tensor] = set()
@@ -124,7 +126,7 @@ class SplitProgram:
         outputs = [b for b in written if keep is None or b in keep]
         don = donate or set()
         donated = tuple(i for i, b in enumerate(inputs) if b in don and b in outputs)
-        prog = cls(nodes, inputs, outputs, donate=donated)
+        prog = cls(nodes, inputs, outputs, donate=donated, numerics=numerics)
         prog.signature = prog._signature()
         return prog
 
@@ -144,14 +146,14 @@ class SplitProgram:
             lines.append(f"{n.op.value}|{n.type.name}|{n.ne}|{n.nb}|{n.view_offs if n.view_src is not None else 0}"
                          f"|{r(n.view_src) if n.view_src is not None else ''}|{params}|{srcs}")
             ref[n] = f"n{j}"
-        lines.append("out:" + ",".join(r(o) for o in self.outputs) + f"|donate:{self.donate}")
+        lines.append("out:" + ",".join(r(o) for o in self.outputs) + f"|donate:{self.donate}|{self.numerics.key()}")
         return hashlib.sha1("\n".join(lines).encode()).hexdigest()
 
     def function(self) -> Any:
-        nodes, inputs, outputs = self.nodes, self.inputs, self.outputs
+        nodes, inputs, outputs, numerics = self.nodes, self.inputs, self.outputs, self.numerics
 
         def run_split(*flats: jax.Array) -> tuple[jax.Array, ...]:
-            env = Env(dict(zip(inputs, flats)))
+            env = Env(dict(zip(inputs, flats)), numerics)
             for n in nodes:
                 env.eval(n)
             return tuple(env.values[o] for o in outputs)

@@ -26,6 +26,7 @@ from toolkit.ggml.tensor import Op, Tensor
 from toolkit.jaxrt import layout
 from toolkit.jaxrt.compile import CompileCache, CompiledSplit, SplitProgram, base_of, default_cache
 from toolkit.jaxrt.kernels import as_f32
+from toolkit.jaxrt.operands import CPU_NUMERICS, Numerics
 from toolkit.models.moe import ExpertTransfer, expert_copy_bytes, used_expert_ranges
 from toolkit.sched import Scheduler
 
@@ -157,8 +158,10 @@ class GraphRunner:
     on each call.
     """
 
-    def __init__(self, backends: Sequence[Any], cache: CompileCache | None = None) -> None:
+    def __init__(self, backends: Sequence[Any], cache: CompileCache | None = None,
+                 numerics: Numerics = CPU_NUMERICS) -> None:
         self.backends = list(backends)
+        self.numerics = numerics
         cpu = jax.local_devices(backend="cpu")[0]
         self.devices = [b.executor if b.executor is not None else cpu for b in self.backends]
         self.cache = cache if cache is not None else default_cache()
@@ -221,7 +224,7 @@ class GraphRunner:
         out: list[PreparedSplit] = []
         here = jax.process_index()
         for s, k in zip(splits, keeps):
-            prog = SplitProgram.build(s.nodes, keep=k, donate=donate)
+            prog = SplitProgram.build(s.nodes, keep=k, donate=donate, numerics=self.numerics)
             dev = self.devices[s.backend_id]
             if getattr(dev, "process_index", here) != here:
                 raise ValueError(f"split on {dev} belongs to JAX process {dev.process_index}; process {here} "

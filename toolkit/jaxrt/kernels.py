@@ -33,7 +33,9 @@ from toolkit.jaxrt.kernels_recurrent import (
     softplus,
 )
 from toolkit.jaxrt.operands import (
+    CPU_NUMERICS,
     Kernel,
+    Numerics,
     Reader,
     opt_src,
     param_enum,
@@ -218,8 +220,22 @@ def rope(a: jnp.ndarray, pos: jnp.ndarray, freq_factors: jnp.ndarray | None, nod
 # ---- element-wise -------------------------------------------------------------------------
 
 def gelu(x: jnp.ndarray) -> jnp.ndarray:
-    """ggml's tanh-approximated GELU."""
+    """``ggml_gelu_f32``: the tanh-approximated GELU in f32."""
     return 0.5 * x * (1.0 + jnp.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def gelu_f16_table(x: jnp.ndarray) -> jnp.ndarray:
+    """ggml-cpu's GELU of an f32 value (``ggml_vec_gelu_f32`` / ``ggml_vec_geglu_f32`` under
+    ``GGML_GELU_FP16``): 0 at or below -10, x at or above 10, and between them
+    ``ggml_table_gelu_f16`` at x rounded to f16, i.e. ``ggml_gelu_f32`` of that f16 value stored as
+    f16 (``ggml_cpu_init`` fills the table so). The entry is computed where it is read, which gives
+    the table's values without its 65536 entries."""
+    mid = gelu(x.astype(jnp.float16).astype(jnp.float32)).astype(jnp.float16).astype(x.dtype)
+    return jnp.where(x <= -10.0, jnp.zeros_like(x), jnp.where(x >= 10.0, x, mid))
+
+
+def _gelu_of(r: Reader) -> Callable[[jnp.ndarray], jnp.ndarray]:
+    return gelu_f16_table if r.numerics.gelu_f16_table else gelu
 
 
 UNARY: dict[UnaryOp, Callable[[jnp.ndarray], jnp.ndarray]] = {
@@ -292,7 +308,8 @@ def _unsupported(node: Tensor, what: str) -> UnsupportedFeature:
 
 
 def _unary(n: Tensor, r: Reader) -> jnp.ndarray:
-    fn = UNARY.get(param_enum(n, "unary", UnaryOp))
+    op = param_enum(n, "unary", UnaryOp)
+    fn = _gelu_of(r) if op is UnaryOp.GELU else UNARY.get(op)
     if fn is None:
         raise _unsupported(n, n.op_desc())
     return fn(r.read_f32(src(n, 0)))
@@ -316,6 +333,8 @@ def _glu(n: Tensor, r: Reader) -> jnp.ndarray:
     if pair is not None:
         return pair(n, x0, x1)
     assert act is not None
+    if kind is GluOp.GEGLU:
+        act = _gelu_of(r)
     return act(x0) * x1
 
 
@@ -451,8 +470,9 @@ def kernel_for(node: Tensor) -> Kernel:
 class Env:
     """Flat storage of base tensors; ``eval(node)`` runs one ggml node functionally (a :class:`Reader`)."""
 
-    def __init__(self, values: dict[Tensor, jnp.ndarray] | None = None) -> None:
+    def __init__(self, values: dict[Tensor, jnp.ndarray] | None = None, numerics: Numerics = CPU_NUMERICS) -> None:
         self.values: dict[Tensor, jnp.ndarray] = dict(values or {})
+        self.numerics = numerics
         self.written: list[Tensor] = []  # bases created or updated, in order
 
     def flat(self, t: Tensor) -> jnp.ndarray:
@@ -487,9 +507,9 @@ class Env:
             self._set(node, out.astype(layout.storage_dtype(node.type)).reshape(-1))
 
 
-def eval_nodes(nodes: list[Tensor], values: dict[Tensor, jnp.ndarray]) -> Env:
+def eval_nodes(nodes: list[Tensor], values: dict[Tensor, jnp.ndarray], numerics: Numerics = CPU_NUMERICS) -> Env:
     """Evaluate nodes in order over the given base storage (a convenience for tests)."""
-    env = Env(values)
+    env = Env(values, numerics)
     for n in nodes:
         env.eval(n)
     return env

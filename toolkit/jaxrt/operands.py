@@ -29,9 +29,33 @@ E = TypeVar("E", bound=enum.Enum)
 Shape = tuple[int, int, int, int]
 
 
+@dataclass(frozen=True)
+class Numerics:
+    """Where ggml backends compute one op differently, which way the kernels go. The default is
+    ggml-cpu's, the backend of every measured llama.cpp logit.
+
+    - ``gelu_f16_table``: ggml-cpu defines ``GGML_GELU_FP16``, so ``ggml_vec_gelu_f32`` and
+      ``ggml_vec_geglu_f32`` read ``ggml_table_gelu_f16`` at x rounded to f16 (an f16 result; 0 at or
+      below -10, x at or above 10). False: ``ggml_gelu_f32`` in f32, as the GPU backends compute it
+      (and what a float64 reference can follow without f16 rounding ties).
+    """
+
+    gelu_f16_table: bool = True
+
+    def key(self) -> str:
+        """A short text that tells apart programs compiled with different numerics."""
+        return f"gelu_f16_table={int(self.gelu_f16_table)}"
+
+
+CPU_NUMERICS = Numerics()
+
+
 class Reader(Protocol):
     """The values a kernel reads: a tensor's logical value in its own type or as f32, and the flat
-    storage of the base a view belongs to (what an op that overwrites its view's source updates)."""
+    storage of the base a view belongs to (what an op that overwrites its view's source updates);
+    ``numerics``: which way ops that ggml backends compute differently go."""
+
+    numerics: Numerics
 
     def flat(self, t: Tensor) -> jnp.ndarray: ...
 

@@ -37,6 +37,7 @@ from toolkit.jaxrt.compile import CompileCache, enable_persistent_cache
 from toolkit.jaxrt.devices import GPU_PLATFORMS, extra_cpu_device, request_cpu_devices
 from toolkit.jaxrt.execute import GraphRunner, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
+from toolkit.jaxrt.operands import CPU_NUMERICS, Numerics
 from toolkit.models.memory import Memory, UBatch
 
 # (n_tokens, n_seqs, n_outputs, graph_size, streams) -> GraphResult: Context.build_llama_graph
@@ -156,13 +157,15 @@ class ContextRuntime:
     graph_reuse: bool = True
     # an object that changes (by identity) whenever the scheduler was reserved again
     epoch_fn: Callable[[], object] = lambda: None
+    # which way ops that ggml backends compute differently go (ggml-cpu's by default)
+    numerics: Numerics = CPU_NUMERICS
 
     _prev: tuple[Any, Any] | None = None
     notes: list[str] = field(default_factory=list)
     def __post_init__(self) -> None:
         enable_persistent_cache()
         bind_executors(self.backends)
-        self.runner = GraphRunner(self.backends, self.cache)
+        self.runner = GraphRunner(self.backends, self.cache, self.numerics)
 
     # sequences and KV streams (llama_kv_cache: one stream per sequence unless the cache is unified)
     @property
@@ -310,12 +313,14 @@ def load_weights(ctx: RunnableContext, path: Any = None) -> None:
         st.model.output.data = st.model.tensors["token_embd.weight"].data
 
 
-def runtime_of(ctx: RunnableContext) -> ContextRuntime:
+def runtime_of(ctx: RunnableContext, numerics: Numerics | None = None) -> ContextRuntime:
     """The context's runtime, made on first use and again when the context re-created its model
-    and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached."""
+    and memory (new devices or KV size); weights come from ctx's GGUF file unless already attached.
+    ``numerics`` (default: the held runtime's, else ggml-cpu's :data:`CPU_NUMERICS`): a runtime with
+    other numerics replaces the held one, with an empty KV cache."""
     st = ctx.setup
     held = _RUNTIMES.get(ctx)
-    if held is not None and held[0] is st:
+    if held is not None and held[0] is st and (numerics is None or numerics == held[1].numerics):
         return held[1]
     weights = dict(st.model.tensors)
     if st.model.output is not None:
@@ -332,7 +337,8 @@ def runtime_of(ctx: RunnableContext) -> ContextRuntime:
             notes.append("random weights (seed 0): no GGUF file was given; load one with load_weights(ctx, path)")
             warnings.warn(notes[-1], stacklevel=2)
     rt = ContextRuntime(list(ctx.backends), lambda: ctx.scheduler, ctx.build_llama_graph, st.memory,
-                        st.resolved.n_ubatch, epoch_fn=lambda: ctx.events[-1] if ctx.events else None)
+                        st.resolved.n_ubatch, epoch_fn=lambda: ctx.events[-1] if ctx.events else None,
+                        numerics=numerics if numerics is not None else CPU_NUMERICS)
     rt.notes = notes
     _RUNTIMES[ctx] = (st, rt)
     return rt
