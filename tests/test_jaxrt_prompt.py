@@ -79,3 +79,14 @@ def test_run_prompt_prints_the_top_tokens_as_text(spm_model: Path, capsys: pytes
     top = next(line for line in out.splitlines() if line.startswith("last token logits"))
     argmax = int(top.split("argmax ")[1].split(",")[0])
     assert f"{argmax}:" in top and repr(vocab.piece(argmax)) in top
+
+
+def test_the_dashboard_tokens_box_takes_a_text_for_a_gguf_context() -> None:
+    from toolkit.ui.panels import parse_prompt
+
+    assert parse_prompt("1, 2, 3", 512, has_vocab=True) == [1, 2, 3]
+    assert parse_prompt(TEXT, 512, has_vocab=True) == TEXT
+    with pytest.raises(ParameterError, match="tokens="):
+        parse_prompt(TEXT, 512, has_vocab=False)     # no vocabulary: ids only
+    with pytest.raises(ParameterError, match="tokens="):
+        parse_prompt("1, 600", 512, has_vocab=True)  # ids past the vocabulary stay an error
