@@ -48,8 +48,8 @@ def test_every_text_gives_llama_cpp_ids(name: str, vocab_dir: Path) -> None:
     vocab = load_vocab(vocab_dir / f"ggml-vocab-{name}.gguf")
     tests = read_tests(DATA / f"ggml-vocab-{name}.gguf.inp", DATA / f"ggml-vocab-{name}.gguf.out")
     assert len(tests) == N_TEXTS[name]
-    wrong = {t: (vocab.tokenize(t, add_special=False, parse_special=False), ids)
-             for t, ids in tests.items() if vocab.tokenize(t, add_special=False, parse_special=False) != ids}
+    got = {t: vocab.tokenize(t, add_special=False, parse_special=False) for t in tests}
+    wrong = {t: (got[t], ids) for t, ids in tests.items() if got[t] != ids}
     assert not wrong, f"{name}: {len(wrong)} of {len(tests)} texts differ: {list(wrong.items())[:3]}"
 
 
@@ -109,3 +109,30 @@ def test_typed_errors(vocab_dir: Path) -> None:
     with pytest.raises(ParameterError, match="text="):
         vocab.tokenize(b"bytes")  # type: ignore[arg-type]
     assert issubclass(TokenizerError, ToolkitError)
+
+
+def test_typed_errors_from_gguf_files(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    def write(name: str, model: str | None, pre: str | None) -> Path:
+        path = tmp_path / f"{name}.gguf"
+        w = GGUFWriter(str(path), "llama")
+        if model is not None:
+            w.add_tokenizer_model(model)
+            w.add_token_list([b"a", b"b", b"ab"])
+            w.add_token_merges([b"a b"])
+        if pre is not None:
+            w.add_tokenizer_pre(pre)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    with pytest.raises(TokenizerError) as e:
+        load_vocab(write("pre", "gpt2", "no-such-pre"))
+    assert (e.value.key, e.value.value) == ("tokenizer.ggml.pre", "no-such-pre") and "'gpt-2'" in str(e.value)
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.model=None .*has no vocabulary"):
+        load_vocab(write("none", None, None))
+    v = load_vocab(write("ok", "gpt2", "gpt-2"))
+    assert v.tokenize("ab", add_special=False) == [2] and v.tokenize("ba", add_special=False) == [1, 0]
