@@ -19,6 +19,11 @@
   context it describes (:mod:`toolkit.explain`) and print each logged number beside the toolkit's,
   with the difference in bytes; ``--json``: ``{"compared": [{line, what, buffer, logged, ours}, …],
   "missing": [what the rebuild assumed], …}``; ``--html``: also the standalone report;
+- ``tokenize -m FILE.gguf TEXT [--no-bos] [--parse-special]``: the ids of TEXT by the file's own
+  tokenizer, printed as ``llama-tokenize --ids`` does (BOS as the vocabulary asks unless
+  ``--no-bos``); ``tokenize -m FILE.gguf --json``: a JSON list of strings on stdin -> a JSON list of
+  id lists, with add_special and parse_special off (as llama.cpp's tokenizer tests call
+  ``common_tokenize``);
 - ``run ...``: execution on JAX, delegated to ``toolkit.jaxrt.cli:main`` (imported only then).
 """
 
@@ -244,6 +249,22 @@ def cmd_run(argv: Sequence[str]) -> int:
     return int(mod.main(list(argv)) or 0)
 
 
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from toolkit.models.tokenizer import load_vocab, tokenize_json
+    vocab = load_vocab(args.model)
+    if args.json:
+        if args.text is not None:
+            raise ParameterError("text", args.text, "no TEXT with --json (the texts come on stdin)")
+        print(tokenize_json(vocab, sys.stdin.read()))
+        return 0
+    if args.text is None:
+        raise ParameterError("text", None, "a TEXT argument, or --json with a JSON list on stdin")
+    ids = vocab.tokenize(args.text, add_special=vocab.add_bos and not args.no_bos,
+                         parse_special=args.parse_special)
+    print("[" + ", ".join(str(i) for i in ids) + "]")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -259,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("-m", "--model", help="the GGUF file the run loaded (its tensor types)")
     ep.add_argument("--json", action="store_true")
     ep.add_argument("--html", help="also write the standalone HTML report here")
+    tp = sub.add_parser("tokenize", help="token ids of a text by a GGUF file's own tokenizer")
+    tp.add_argument("-m", "--model", required=True, help="the GGUF file")
+    tp.add_argument("text", nargs="?", help="the text (llama-tokenize -p)")
+    tp.add_argument("--json", action="store_true", help="JSON list of texts on stdin -> JSON list of id lists")
+    tp.add_argument("--no-bos", action="store_true", help="do not add BOS (llama-tokenize --no-bos)")
+    tp.add_argument("--parse-special", action="store_true", help="split out control tokens too")
     sub.add_parser("run", help="execute on JAX (toolkit.jaxrt)", add_help=False)
     return p
 
@@ -274,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             return cmd_plan(argv[1:]) if argv[0] == "plan" else cmd_fit(argv[1:])
         args = build_parser().parse_args(argv)
+        if args.command == "tokenize":
+            return cmd_tokenize(args)
         return cmd_explain(args) if args.command == "explain" else cmd_replay(args)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,8 @@ Importing this package imports JAX; nothing in the pure core imports it. A
 :class:`toolkit.context.Context` plans; these functions run it (any
 :class:`~toolkit.context.RunnableContext`):
 
-- :func:`decode(ctx, tokens) <toolkit.jaxrt.runtime.decode>` → logits ``[n_tokens, n_vocab]``
+- :func:`decode(ctx, tokens) <toolkit.jaxrt.runtime.decode>` → logits ``[n_tokens, n_vocab]`` (``tokens``: ids, or
+  a text for the GGUF file's own tokenizer)
   (``seq_id=`` a sequence of a multi-sequence context, ``last_only=`` the last row);
   :func:`generate(ctx, prompt_ids, n) <toolkit.jaxrt.runtime.generate>` → greedy token ids;
   :func:`compile_splits(ctx)` → compiled / cache hit and compile ms per split, recorded as a

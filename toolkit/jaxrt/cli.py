@@ -1,6 +1,11 @@
 """``python -m toolkit run``: run tokens of a llama GGUF through the scheduled graph on JAX devices.
 
     python -m toolkit run --gguf model.gguf --tokens 1,2,3 --devices sim:2 --ngl 99 --json
+    python -m toolkit run --gguf model.gguf --prompt "The capital of France is"
+
+``--prompt`` tokenizes a text with the file's own tokenizer (:mod:`toolkit.models.tokenizer`, as
+llama.cpp's completion tool does: BOS as the vocabulary asks, special tokens parsed); the top tokens
+are then shown as text beside their ids.
 
 Prints the backends, the reserve events, each split (backend, nodes, inputs, compiled or cache
 hit, compile ms, XLA's temp/argument/output bytes and flops) and the last token's logits
@@ -22,6 +27,7 @@ from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devi
 from toolkit.jaxrt.gguf_io import SUPPORTED, read_gguf
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of
 from toolkit.models import ContextParams
+from toolkit.models.tokenizer import load_vocab
 
 
 def _onoff(s: str) -> bool:
@@ -47,7 +53,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolkit run", description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", required=True, help="GGUF file (weights of "
                    + ", ".join(t.name for t in SUPPORTED) + ")")
-    p.add_argument("--tokens", required=True, type=_tokens, help="token ids, e.g. 1,2,3")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", type=_tokens, help="token ids, e.g. 1,2,3")
+    src.add_argument("--prompt", help="a text, tokenized by the GGUF file's own tokenizer")
     p.add_argument("--devices", default="cpu", help="cpu | sim:N (N simulated accelerators) | auto (JAX GPUs/TPUs)")
     p.add_argument("--ngl", type=int, default=999, help="n_gpu_layers (default: all)")
     p.add_argument("--op-offload", type=_onoff, default=True, metavar="on|off")
@@ -95,14 +103,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cp = ContextParams(n_ctx=args.n_ctx, n_batch=max(args.n_ubatch, args.n_ctx), n_ubatch=args.n_ubatch,
                        flash_attn="on" if args.flash_attn else "off", n_gpu_layers=args.ngl, devices=devices,
                        op_offload=args.op_offload)
+    vocab = load_vocab(args.gguf) if args.prompt is not None else None
+    tokens = args.tokens if vocab is None else vocab.tokenize(args.prompt, add_special=True, parse_special=True)
+    if not tokens:
+        raise ValueError(f"--prompt {args.prompt!r} gives no tokens")
     ctx = Context(hp, cp, parallel=args.parallel)
     load_weights(ctx, model)
     rt = runtime_of(ctx)
-    logits = rt.decode(args.tokens)
+    logits = rt.decode(tokens)
     last = logits[-1]
     top = np.argsort(-last)[:5]
+    if vocab is None:
+        try:
+            vocab = load_vocab(args.gguf)
+        except ValueError:
+            vocab = None   # no vocabulary this module reads: ids only
+    pieces = None if vocab is None else [vocab.piece(int(i)) if int(i) < vocab.n_tokens else None for i in top]
     return {
-        "model": hp.name, "gguf": args.gguf, "tokens": args.tokens,
+        "model": hp.name, "gguf": args.gguf, "tokens": tokens, "prompt": args.prompt,
+        "top5_text": pieces,
         "backends": [{"name": b.name, "kind": b.kind, "device": str(b.executor)} for b in ctx.backends],
         "events": [e.to_dict() for e in ctx.events], "events_text": [e.to_text() for e in ctx.events],
         "ubatches": [{"n_tokens": lg.n_tokens, "n_copies": lg.n_copies, "weight_copies": lg.weight_copies,
@@ -139,8 +158,11 @@ def main(argv: list[str]) -> int:
               f"XLA temp {r['xla_temp_bytes'] if r['xla_temp_bytes'] is not None else na} "
               f"output {r['xla_output_bytes'] if r['xla_output_bytes'] is not None else na} "
               f"over {r['n_splits']} split(s)")
+    if out["prompt"] is not None:
+        print(f"prompt {out['prompt']!r} -> tokens {out['tokens']}")
+    texts = out["top5_text"] or [None] * len(out["top5"])
     print(f"last token logits: argmax {out['argmax']}, top5 " +
-          ", ".join(f"{i}:{v:.4f}" for i, v in out["top5"]))
+          ", ".join(f"{i}:{v:.4f}" + ("" if t is None else f" {t!r}") for (i, v), t in zip(out["top5"], texts)))
     print("  first 8: " + " ".join(f"{x:.5f}" for x in out["logits"][:8]))
     return 0
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.errors import UnsupportedFeature
+from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt.quant import DEQUANT
 from toolkit.models import archs
@@ -112,11 +112,14 @@ def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.
 
 
 def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] | None = None,
-               seed: int = 0) -> dict[str, np.ndarray]:
+               seed: int = 0, vocab: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given; a
     quantized weight may be given as its blocks, see :func:`encode`), a minimal tokenizer, and return the
     f32 values the file holds *after* quantization (what ggml computes with). The keys are the common
-    ones (per-layer sizes as arrays) and the architecture's (``Architecture.gguf_keys``)."""
+    ones (per-layer sizes as arrays) and the architecture's (``Architecture.gguf_keys``).
+
+    ``vocab``: a real SPM vocabulary instead of the minimal one, ``{"tokens": [...], "scores": [...],
+    "token_types": [...]}`` with ``hp.n_vocab`` entries (``tokenizer.ggml.*``; BOS 1, EOS 2)."""
     from gguf import GGUFWriter
 
     vals = dict(values) if values is not None else random_weights(hp, seed)
@@ -145,9 +148,18 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
     for key, value in arch.gguf_keys(hp).items():
         _add_key(w, f"{arch.name}.{key}", value)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
-    w.add_token_scores([0.0] * hp.n_vocab)
-    w.add_token_types([1] * hp.n_vocab)
+    if vocab is None:
+        w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
+        w.add_token_scores([0.0] * hp.n_vocab)
+        w.add_token_types([1] * hp.n_vocab)
+    else:
+        if len(vocab["tokens"]) != hp.n_vocab:
+            raise ParameterError("vocab", len(vocab["tokens"]), f"{hp.n_vocab} tokens (hp.n_vocab)")
+        w.add_token_list([t.encode() for t in vocab["tokens"]])
+        w.add_token_scores([float(x) for x in vocab["scores"]])
+        w.add_token_types([int(x) for x in vocab["token_types"]])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     stored: dict[str, np.ndarray] = {}
     for info in arch.weights(hp):
         arr, qt = encode(vals[info.name], info.type)

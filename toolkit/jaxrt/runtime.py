@@ -39,6 +39,7 @@ from toolkit.jaxrt.execute import GraphRunner, SplitSpec, scheduler_splits
 from toolkit.jaxrt.gguf_io import GGUFModel, decode_values, encode, read_gguf
 from toolkit.jaxrt.operands import CPU_NUMERICS, Numerics
 from toolkit.models.memory import Memory, UBatch
+from toolkit.models.tokenizer import Vocab, load_vocab
 
 # (n_tokens, n_seqs, n_outputs, graph_size, streams) -> GraphResult: Context.build_llama_graph
 BuildFn = Callable[..., Any]
@@ -344,18 +345,47 @@ def runtime_of(ctx: RunnableContext, numerics: Numerics | None = None) -> Contex
     return rt
 
 
-def decode(ctx: RunnableContext, tokens: Sequence[int], *, last_only: bool = False, seq_id: int = 0) -> np.ndarray:
+_VOCABS: weakref.WeakKeyDictionary[RunnableContext, tuple[str, Vocab]] = weakref.WeakKeyDictionary()
+
+
+def vocab_of(ctx: RunnableContext) -> Vocab:
+    """The tokenizer of the context's GGUF file (:func:`toolkit.models.tokenizer.load_vocab`, read
+    once); ParameterError for a context not made from a .gguf file."""
+    path = ctx.gguf_path
+    if path is None:
+        raise ParameterError("tokens", "a text", "token ids", "the context has no GGUF vocabulary: "
+                             "it was not made from a .gguf file")
+    held = _VOCABS.get(ctx)
+    if held is None or held[0] != path:
+        held = _VOCABS[ctx] = (path, load_vocab(path))
+    return held[1]
+
+
+def prompt_ids(ctx: RunnableContext, tokens: str | Sequence[int]) -> list[int]:
+    """Token ids as given, or a text tokenized by the context's GGUF tokenizer as llama.cpp's
+    completion tool tokenizes a prompt (``common_tokenize(ctx, prompt, add_special=true,
+    parse_special=true)``)."""
+    if isinstance(tokens, str):
+        return vocab_of(ctx).tokenize(tokens, add_special=True, parse_special=True)
+    return list(tokens)
+
+
+def decode(ctx: RunnableContext, tokens: str | Sequence[int], *, last_only: bool = False,
+           seq_id: int = 0) -> np.ndarray:
     """Run tokens of sequence ``seq_id`` through the context's scheduled graph on JAX: logits
     ``[n_tokens, n_vocab]``, the tokens appended to the KV cache (``last_only``: just the last token's
     row, ``[n_vocab]``). With ``n_seq_max`` > 1 each sequence has its own KV stream (llama.cpp's
-    default, ``kv_unified=False``) and positions."""
-    logits = runtime_of(ctx).decode(tokens, seq_id)
+    default, ``kv_unified=False``) and positions. ``tokens`` may be a text (:func:`prompt_ids`)."""
+    ids = prompt_ids(ctx, tokens)
+    logits = runtime_of(ctx).decode(ids, seq_id)
     return logits[-1] if last_only else logits
 
 
-def generate(ctx: RunnableContext, prompt_ids: Sequence[int], n: int, seq_id: int = 0) -> list[int]:
-    """n greedy tokens after the prompt, in sequence ``seq_id`` of the context's KV cache."""
-    return runtime_of(ctx).generate(prompt_ids, n, seq_id)
+def generate(ctx: RunnableContext, prompt: str | Sequence[int], n: int, seq_id: int = 0) -> list[int]:
+    """n greedy tokens after the prompt (ids or a text, :func:`prompt_ids`), in sequence ``seq_id``
+    of the context's KV cache."""
+    ids = prompt_ids(ctx, prompt)
+    return runtime_of(ctx).generate(ids, n, seq_id)
 
 
 def compile_splits(ctx: RunnableContext, n_tokens: int | None = None) -> dict[str, Any]:

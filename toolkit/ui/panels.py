@@ -254,11 +254,25 @@ def parse_tokens(text: str, n_vocab: int | None) -> list[int]:
     return tokens
 
 
+def parse_prompt(text: str, n_vocab: int | None, has_vocab: bool) -> list[int] | str:
+    """The tokens box of a run: token ids (:func:`parse_tokens`), or, for a context made from a GGUF
+    file (``has_vocab``), a text that is not a list of ids, for the file's own tokenizer."""
+    try:
+        return parse_tokens(text, n_vocab)
+    except ParameterError:
+        words = str(text).replace(",", " ").split()
+        if has_vocab and words and not all(w.lstrip("-").isdigit() for w in words):
+            return str(text)
+        raise
+
+
 class RuntimePanel:
     """The runtime row: what the context's :class:`~toolkit.view.Runtime` offers, and what it said."""
 
     def __init__(self) -> None:
-        self.tokens = W.Text(value="1, 2, 3", description="tokens", style=STYLE, layout=W.Layout(width="220px"))
+        self.tokens = W.Text(value="1, 2, 3", description="tokens", style=STYLE,
+                             tooltip="token ids, or a text when the context was made from a GGUF file",
+                             layout=W.Layout(width="220px"))
         self.compile_button = W.Button(description="compile", icon="cogs").add_class("toolkit-compile")
         self.run_button = W.Button(description="run prompt", icon="play").add_class("toolkit-run")
         self.html = W.HTML("JAX runtime: not started").add_class("toolkit-runtime")
@@ -292,7 +306,9 @@ class RuntimePanel:
                        f"XLA {info['compile_ms']:.1f} ms")
             else:
                 n_vocab = settings.model.hparams.n_vocab if settings.model is not None else None
-                out = _summary(runtime.decode(runnable, parse_tokens(self.tokens.value, n_vocab)))
+                has_vocab = getattr(ctx, "gguf_path", None) is not None
+                prompt = parse_prompt(self.tokens.value, n_vocab, has_vocab)
+                out = _summary(runtime.decode(runnable, prompt))
             ms = (time.perf_counter() - t0) * 1000
             self.html.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
         except Exception as e:
@@ -377,5 +393,5 @@ def _keep_state_current(fw: go.FigureWidget) -> None:
         ipywidgets_widget.JUPYTER_WIDGETS_ECHO = echo
 
 
-__all__ = ["ComparePanel", "FigurePanel", "FitArea", "InspectPanel", "RuntimePanel", "parse_tokens",
+__all__ = ["ComparePanel", "FigurePanel", "FitArea", "InspectPanel", "RuntimePanel", "parse_prompt", "parse_tokens",
            "replace_figure"]
