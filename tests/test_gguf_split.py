@@ -180,3 +180,13 @@ def test_explain_sums_the_per_file_mapped_lines() -> None:
            f"load_tensors:   CPU_Mapped model buffer size = {(one.value - a) / 2**20:8.2f} MiB ({one.value - a} bytes)")
     got = parse_log(text.replace(line, two)).model_buffers["CPU_Mapped"]
     assert one.exact and got.exact and got.value == one.value and a > 0
+
+
+def test_the_run_cli_reads_every_shard(models: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from toolkit.jaxrt import cli as run_cli
+    argv = ["--tokens", "5,6,7", "--devices", "sim:1", "--ngl", "2", "--parallel", "off", "--json"]
+    assert run_cli.main(["--gguf", str(models / SHARDS[0]), *argv]) == 0
+    split = json.loads(capsys.readouterr().out)["logits"]
+    assert run_cli.main(["--gguf", str(models / "one.gguf"), *argv]) == 0
+    one = json.loads(capsys.readouterr().out)["logits"]
+    assert len(split) == HP.n_vocab and split == one
