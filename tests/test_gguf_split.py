@@ -190,3 +190,11 @@ def test_the_run_cli_reads_every_shard(models: Path, capsys: pytest.CaptureFixtu
     assert run_cli.main(["--gguf", str(models / "one.gguf"), *argv]) == 0
     one = json.loads(capsys.readouterr().out)["logits"]
     assert len(split) == HP.n_vocab and split == one
+
+
+def test_a_model_dict_keeps_the_shards(models: Path) -> None:
+    from toolkit.models.hparams import HParams
+    hp = read_gguf(models / SHARDS[0], with_tensors=False).hparams
+    d = json.loads(json.dumps(hp.to_dict()))
+    assert HParams.from_dict(d) == hp and d["tensor_files"]["output.weight"] == 2
+    assert "tensor_files" not in read_gguf(models / "one.gguf", with_tensors=False).hparams.to_dict()

@@ -502,6 +502,7 @@ class HParams:
                 rope_sections=tuple(int(x) for x in d["rope_sections"]) if d.get("rope_sections") else None,
                 # print_info's n_layer_all (absent: no NextN/MTP blocks)
                 n_layer_nextn=int(d.get("n_layer_all", d["n_layer"])) - int(d["n_layer"]),
+                tensor_files={str(k): int(v) for k, v in (d.get("tensor_files") or {}).items()},
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -528,6 +529,7 @@ class HParams:
             **(self.recurrent.to_dict() if self.recurrent is not None else {}),
             **({"rope_sections": list(self.rope_sections)} if self.rope_sections is not None else {}),
             **({"n_layer_all": self.n_layer_all} if self.n_layer_nextn else {}),
+            **({"tensor_files": dict(self.tensor_files)} if self.tensor_files else {}),
         }
 
 
