@@ -128,6 +128,7 @@ def test_a_non_first_shard_is_refused(models: Path) -> None:
     with pytest.raises(GGUFError, match="illegal split file idx: 1, model must be loaded with the first split") as e:
         Context(str(models / SHARDS[1]), ContextParams(n_ctx=64))
     assert e.value.path == str(models / SHARDS[1]) and e.value.field == "split.no"
+    assert f"({models / SHARDS[0]})" in str(e.value)
 
 
 def test_a_shard_out_of_place_is_named(models: Path, tmp_path: Path) -> None:

@@ -503,8 +503,10 @@ def load_splits(first: GGUFFile) -> GGUFFile:
         return first
     no = _split_int(first, SPLIT_NO) or 0
     if no != 0:
+        pre = split_prefix(first.path, no, n_split)
+        name = split_path(pre if pre is not None else "NAME", 0, n_split)
         raise GGUFError(first.path, f"illegal split file idx: {no}, model must be loaded with the first split "
-                        f"({split_path('NAME', 0, n_split)})", first.fields[SPLIT_NO].offset, SPLIT_NO)
+                        f"({name})", first.fields[SPLIT_NO].offset, SPLIT_NO)
     prefix = split_prefix(first.path, 0, n_split)
     if prefix is None:
         raise GGUFError(first.path, f"invalid split file name: {SPLIT_COUNT} is {n_split}, so the first shard's "
