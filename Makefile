@@ -12,7 +12,7 @@ LAB_PORT ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: lab test lint typecheck unit venv clean test-lowest
+.PHONY: lab test lint typecheck unit venv clean test-lowest gpu-check
 
 # A venv whose interpreter no longer runs (moved checkout, removed Python) loses its stamps
 # and is rebuilt below, instead of being half-used.
@@ -61,6 +61,14 @@ test: $(VENV)/.installed-dev
 	echo "== lint-imports"; $(VENV)/bin/lint-imports || status=1; \
 	echo "== pytest $(PYTEST_ARGS)"; $(PY) -m pytest $(PYTEST_ARGS) || status=1; \
 	exit $$status
+
+# On a machine with an NVIDIA GPU and JAX's CUDA plugin: every architecture's tiny models on the GPU
+# against the CPU, and XLA's memory analysis beside the ggml plan (benchmarks/gpu_check.py; --cpu: dry run).
+# GPU_CHECK_PYTHON: an interpreter that already has jax[cuda], numpy and gguf (default: the venv's).
+GPU_CHECK_PYTHON ?= $(PY)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_CHECK_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The suite (without the browser) against the lower bounds in pyproject.toml, in .venv-lowest.
 test-lowest:

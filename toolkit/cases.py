@@ -97,7 +97,9 @@ def summary(ctx: Context) -> dict[str, Any]:
         "graph_splits": pp.n_splits, "graph_splits_tg": tg.n_splits,
         "compute_buffers_bytes": ctx.compute_buffers_bytes(),
         "kv_bytes": ctx.kv_bytes, "kv_buffers_bytes": ctx.kv_buffers_bytes,
-        "model_buffers_bytes": ctx.model_buffers_bytes, "output_buffer_bytes": ctx.output_buffer_bytes,
+        "model_buffers_bytes": ctx.model_buffers_bytes,
+        "model_buffer_lines": [[n, b] for n, b in ctx.model_buffer_lines],
+        "output_buffer_bytes": ctx.output_buffer_bytes,
         "n_copies": ev.n_copies, "pipeline_parallel": ev.pipeline_parallel, "max_nodes": ev.params.max_nodes,
         "n_tensors": ctx.setup.model.n_tensors,
         "kv_caches": [{"cache": c.kind, "cells": c.kv_size, "layers": len(c.layers), "n_stream": c.n_stream,
@@ -139,7 +141,7 @@ def log_lines(result: Mapping[str, Any]) -> list[str]:
     out = fit + [f"tensor {o['tensor']} ({o['bytes'] // 2**20} MiB {o['type']}) buffer type overridden to "
                  f"{o['buft']} ({o['bytes']} bytes)" for o in result.get("tensor_overrides", ())]
     out += [f"load_tensors: {name:>12s} model buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
-            for name, b in result["model_buffers_bytes"].items()]
+            for name, b in result.get("model_buffer_lines") or result["model_buffers_bytes"].items()]
     out += [f"llama_context: {name:>10s}  output buffer size = {b / 2**20:8.2f} MiB ({b} bytes)"
             for name, b in result["output_buffer_bytes"].items()]
     caches = result.get("kv_caches") or []

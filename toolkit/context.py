@@ -195,6 +195,12 @@ class Context:
         return dict(self.setup.model.buffers_bytes)
 
     @property
+    def model_buffer_lines(self) -> list[tuple[str, int]]:
+        """One (buffer type, bytes) per model buffer, as ``load_tensors`` prints them (a split model's
+        ``CPU_Mapped`` buffer is one per file with mmap); :attr:`model_buffers_bytes` sums them per type."""
+        return list(self.setup.model.buffer_lines)
+
+    @property
     def kv_buffers_bytes(self) -> dict[str, int]:
         return self.setup.memory.buffers_bytes()
 

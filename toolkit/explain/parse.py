@@ -194,7 +194,11 @@ def _take(p: ParsedLog, kind: str, m: re.Match[str], i: int, s: str) -> None:  #
         size = Logged(int(b) if b else int(m.group(2)) * 2**20, i, s, b is not None)
         p.overrides.append((m.group(1), m.group(4), size))
     elif kind == "model_buf":
-        p.model_buffers[m.group(1)] = _mib(m, 2, i, s)
+        # a split model logs one CPU_Mapped line per file (create_backend_buffers): summed per buffer
+        # type, as memory_breakdown sums them
+        got, prev = _mib(m, 2, i, s), p.model_buffers.get(m.group(1))
+        p.model_buffers[m.group(1)] = got if prev is None else Logged(
+            prev.value + got.value, got.line, got.text, prev.exact and got.exact)
     elif kind == "output_buf":
         p.output_buffers[m.group(1)] = _mib(m, 2, i, s)
     elif kind == "kv_buf":

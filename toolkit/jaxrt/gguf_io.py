@@ -1,6 +1,7 @@
 """GGUF files of the registered architectures: read hyperparameters and weights, write small random ones.
 
-Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped)
+Reading uses the toolkit's one GGUF reader (:func:`toolkit.models.gguf_file.open_gguf`, memory-mapped;
+a split model's first shard brings every shard, and each weight is a view of its own shard)
 and the hyperparameters planning reads (:func:`toolkit.models.gguf.hparams_from_gguf`). A weight's
 data stays in its file layout (f32/f16 values, bf16 bits, quantized blocks as bytes), which is
 ggml's memory image, so it goes to its device unchanged and quantized weights are dequantized
@@ -112,19 +113,24 @@ def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.
 
 
 def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] | None = None,
-               seed: int = 0, vocab: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+               seed: int = 0, vocab: Mapping[str, Any] | None = None,
+               split_max_tensors: int = 0) -> dict[str, np.ndarray]:
     """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given; a
     quantized weight may be given as its blocks, see :func:`encode`), a minimal tokenizer, and return the
     f32 values the file holds *after* quantization (what ggml computes with). The keys are the common
     ones (per-layer sizes as arrays) and the architecture's (``Architecture.gguf_keys``).
 
     ``vocab``: a real SPM vocabulary instead of the minimal one, ``{"tokens": [...], "scores": [...],
-    "token_types": [...]}`` with ``hp.n_vocab`` entries (``tokenizer.ggml.*``; BOS 1, EOS 2)."""
+    "token_types": [...]}`` with ``hp.n_vocab`` entries (``tokenizer.ggml.*``; BOS 1, EOS 2).
+
+    ``split_max_tensors`` > 0 writes a split model: shards of at most that many tensors, named
+    ``STEM-00001-of-0000N.gguf`` beside ``path``, the metadata in the first and the ``split.*`` keys
+    in each (``gguf.GGUFWriter``'s splitting, the layout ``llama-gguf-split --split-max-tensors`` writes)."""
     from gguf import GGUFWriter
 
     vals = dict(values) if values is not None else random_weights(hp, seed)
     arch = archs.get(hp.arch)
-    w = GGUFWriter(str(path), arch.name)
+    w = GGUFWriter(str(path), arch.name, split_max_tensors=split_max_tensors)
     w.add_name(hp.name)
     w.add_block_count(hp.n_layer_all)   # the NextN/MTP blocks included (Architecture.gguf_keys: nextn_predict_layers)
     w.add_context_length(hp.n_ctx_train)

@@ -64,13 +64,13 @@ def check_shapes(f: GGUFFile, weights: Any) -> None:
         if t is None:
             raise GGUFError(f.path, "missing tensor", None, w.name)
         if t.ne != tuple(w.ne):
-            raise GGUFError(f.path, f"tensor has wrong shape; expected {list(w.ne)}, got {list(t.ne)}",
+            raise GGUFError(f.tensor_path(w.name), f"tensor has wrong shape; expected {list(w.ne)}, got {list(t.ne)}",
                             t.info_offset, w.name)
     # llama_model_loader::done_getting_tensors: every tensor of the file must have been created
     extra = [n for n in f.tensors if n not in names]
     if extra:
-        raise GGUFError(f.path, f"wrong number of tensors; expected {len(names)}, got {len(f.tensors)} "
-                        f"({extra[0]!r} is not a tensor of {f.architecture})", None, extra[0])
+        raise GGUFError(f.tensor_path(extra[0]), f"wrong number of tensors; expected {len(names)}, got "
+                        f"{len(f.tensors)} ({extra[0]!r} is not a tensor of {f.architecture})", None, extra[0])
 
 
 def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -113,6 +113,8 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = ()) -> dict[str, 
         "name": f.get_str("general.name") or Path(f.path).stem,
         # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
         "moe": moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors), moe_tensors),
+        # a split model: the shard of every tensor (the mmap'ed CPU buffers are one per file)
+        **({"tensor_files": {n: t.file_index for n, t in f.tensors.items()}} if len(f.shards) > 1 else {}),
     }
     if "rope_freqs.weight" in f.tensors:
         out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())

@@ -164,6 +164,7 @@ class GGUFTensorInfo:
     data_offset: int
     nbytes: int
     info_offset: int
+    file_index: int = 0   # the shard holding the data (llama_tensor_weight::idx); 0 for a single file
 
     @property
     def n_elements(self) -> int:
@@ -254,6 +255,8 @@ class GGUFFile:
         self.data_offset = 0
         self.fields: dict[str, GGUFField] = {}
         self.tensors: dict[str, GGUFTensorInfo] = {}
+        # the files of a split model (this one first); every tensor's file_index points into it
+        self.shards: list[GGUFFile] = [self]
 
     def __repr__(self) -> str:
         return (f"GGUFFile({self.path!r}, v{self.version}, {len(self.fields)} keys, "
@@ -311,16 +314,21 @@ class GGUFFile:
         return v
 
     # ---- tensors ----------------------------------------------------------------------------
+    def tensor_path(self, name: str) -> str:
+        """The path of the file (shard) holding tensor ``name``'s data."""
+        return self.shards[self.tensors[name].file_index].path
+
     def tensor_data(self, name: str) -> np.ndarray:
         """A read-only view of a tensor's data in ``gguf.GGUFReader``'s layout: values, shaped
         ``reversed(ne)``, for float and integer types; raw bytes, shaped ``(*reversed(ne)[:-1],
         row bytes)``, for bf16 and block-quantized types."""
         t = self.tensors[name]
+        buf = self.shards[t.file_index].buffer
         shape = tuple(reversed(t.ne))
         dt = _VALUE_DTYPES.get(t.type)
         if dt is not None:
-            return np.frombuffer(self.buffer, dt, t.n_elements, t.data_offset).reshape(shape)
-        arr = np.frombuffer(self.buffer, np.uint8, t.nbytes, t.data_offset)
+            return np.frombuffer(buf, dt, t.n_elements, t.data_offset).reshape(shape)
+        arr = np.frombuffer(buf, np.uint8, t.nbytes, t.data_offset)
         if not shape:
             return arr
         return arr.reshape((*shape[:-1], shape[-1] // t.type.blck_size * t.type.type_size))
@@ -372,7 +380,13 @@ def _open(path: str) -> tuple[Any, int]:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF file's header, key/value pairs and tensor infos (tensor data stay mapped, unread)."""
+    """Parse a GGUF file's header, key/value pairs and tensor infos (tensor data stay mapped, unread);
+    for the first file of a split model, every shard's tensor infos too (:func:`load_splits`)."""
+    return load_splits(open_gguf_file(path))
+
+
+def open_gguf_file(path: str | Path) -> GGUFFile:
+    """Parse one GGUF file (a shard of a split model stays one shard)."""
     p = os.fspath(path)
     buf, size = _open(p)
     f = GGUFFile(p, buf, size)
@@ -446,7 +460,95 @@ def open_gguf(path: str | Path) -> GGUFFile:
     return f
 
 
-__all__ = ["GGUFArray", "GGUFField", "GGUFFile", "GGUFTensorInfo", "GGUFValueType", "f32_value", "open_gguf"]
+# llama_model_loader: LLM_KV_SPLIT_NO, LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_TENSORS_COUNT
+SPLIT_NO = "split.no"
+SPLIT_COUNT = "split.count"
+SPLIT_TENSORS_COUNT = "split.tensors.count"
+
+
+def split_path(prefix: str, split_no: int, split_count: int) -> str:
+    """``llama_split_path``: the path of shard ``split_no`` (0-based) of ``split_count``."""
+    return f"{prefix}-{split_no + 1:05d}-of-{split_count:05d}.gguf"
+
+
+def split_prefix(path: str, split_no: int, split_count: int) -> str | None:
+    """``llama_split_prefix``: the path without its ``-NNNNN-of-NNNNN.gguf`` postfix, or None when the
+    path does not end with the postfix of shard ``split_no`` of ``split_count`` (or is nothing but it)."""
+    postfix = f"-{split_no + 1:05d}-of-{split_count:05d}.gguf"
+    if len(path) <= len(postfix) or not path.endswith(postfix):
+        return None
+    return path[: -len(postfix)]
+
+
+def _split_int(f: GGUFFile, key: str) -> int | None:
+    """A split key (``uint16`` in every file ``llama-gguf-split`` writes; any integer type is taken)."""
+    return f.get_int(key)
+
+
+def load_splits(first: GGUFFile) -> GGUFFile:
+    """``llama_model_loader``'s split loading: when the file's ``split.count`` is above 1 it must be
+    the first shard (``split.no`` 0: "model must be loaded with the first split"); the other shards'
+    paths come from ``llama_split_prefix`` / ``llama_split_path`` (``NAME-00002-of-00003.gguf``).
+    Each shard must exist and parse, and hold ``split.no`` equal to its index; no tensor name may be
+    in two shards; the tensors of all shards together must number ``split.tensors.count`` (a key
+    the first file must have). Every failure is a GGUFError naming the shard's path.
+
+    The metadata are the first file's (llama.cpp reads no other shard's keys); the tensor infos of
+    all shards are merged into ``first.tensors`` in shard order, each with its ``file_index``, and
+    ``first.shards`` lists the files. As in llama.cpp, a later shard's ``split.count`` is not
+    checked, and a user-given list of shard paths (``llama_model_load_from_splits``) is not offered.
+    """
+    n_split = _split_int(first, SPLIT_COUNT) or 0
+    if n_split <= 1:
+        return first
+    no = _split_int(first, SPLIT_NO) or 0
+    if no != 0:
+        pre = split_prefix(first.path, no, n_split)
+        name = split_path(pre if pre is not None else "NAME", 0, n_split)
+        raise GGUFError(first.path, f"illegal split file idx: {no}, model must be loaded with the first split "
+                        f"({name})", first.fields[SPLIT_NO].offset, SPLIT_NO)
+    prefix = split_prefix(first.path, 0, n_split)
+    if prefix is None:
+        raise GGUFError(first.path, f"invalid split file name: {SPLIT_COUNT} is {n_split}, so the first shard's "
+                        f"name must end with {split_path('', 0, n_split)!r}", first.fields[SPLIT_COUNT].offset,
+                        SPLIT_COUNT)
+    tensors = dict(first.tensors)
+    shards = [first]
+    for idx in range(1, n_split):
+        p = split_path(prefix, idx, n_split)
+        try:
+            shard = open_gguf_file(p)
+        except GGUFError as e:
+            raise GGUFError(e.path, f"failed to load GGUF split {idx + 1} of {n_split} of {first.path}: "
+                            f"{str(e)[len(e.path) + 2:]}", e.offset, e.field) from None
+        got = _split_int(shard, SPLIT_NO)
+        if got is None:
+            raise GGUFError(p, f"missing key {SPLIT_NO} in GGUF split", None, SPLIT_NO)
+        if got != idx:
+            raise GGUFError(p, f"invalid split file idx: {got}, expected {idx}", shard.fields[SPLIT_NO].offset,
+                            SPLIT_NO)
+        for name, t in shard.tensors.items():
+            if name in tensors:
+                raise GGUFError(p, f"invalid model: tensor '{name}' is duplicated (also in "
+                                f"{shards[tensors[name].file_index].path})", t.info_offset, name)
+            tensors[name] = GGUFTensorInfo(t.name, t.ne, t.type, t.offset, t.data_offset, t.nbytes,
+                                           t.info_offset, idx)
+        shards.append(shard)
+    expected = _split_int(first, SPLIT_TENSORS_COUNT)
+    if expected is None:
+        raise GGUFError(first.path, "required key is missing (a split model's total tensor count)", None,
+                        SPLIT_TENSORS_COUNT)
+    if expected != len(tensors):
+        raise GGUFError(first.path, f"corrupted model: {expected} tensors expected but {len(tensors)} found in "
+                        f"its {n_split} splits", first.fields[SPLIT_TENSORS_COUNT].offset, SPLIT_TENSORS_COUNT)
+    first.tensors = tensors
+    first.shards = shards
+    return first
+
+
+__all__ = ["GGUFArray", "GGUFField", "GGUFFile", "GGUFTensorInfo", "GGUFValueType", "SPLIT_COUNT", "SPLIT_NO",
+           "SPLIT_TENSORS_COUNT", "f32_value", "load_splits", "open_gguf", "open_gguf_file", "split_path",
+           "split_prefix"]
 
 
 def get_key_or_arr(f: GGUFFile, name: str, n_layer: int, default: int | None = None) -> int | tuple[int, ...] | None:

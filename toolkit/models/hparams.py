@@ -258,6 +258,8 @@ class HParams:
     # nextn_predict_layers: NextN/MTP blocks after the n_layer trunk blocks (llama_hparams::n_layer_nextn);
     # n_layer is llama_hparams::n_layer() (= n_layer_all - n_layer_nextn), the blocks the graph runs
     n_layer_nextn: int = 0
+    # the shard (file index) of each tensor of a split GGUF (llama_tensor_weight::idx); empty: one file
+    tensor_files: Mapping[str, int] = field(default_factory=dict)
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -271,7 +273,8 @@ class HParams:
                  attn_v_full: bool = True,
                  recurrent: RecurrentParams | None = None, rope_sections: Sequence[int] | None = None,
                  n_layer_nextn: int = 0, n_head_arr: PerLayer | None = None,
-                 n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None) -> None:
+                 n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None,
+                 tensor_files: Mapping[str, int] | None = None) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
         for f, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_vocab", n_vocab), ("n_ctx_train", n_ctx_train)):
@@ -299,7 +302,7 @@ class HParams:
                        ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full),
                        ("recurrent", recurrent),
                        ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections)),
-                       ("n_layer_nextn", n_layer_nextn)):
+                       ("n_layer_nextn", n_layer_nextn), ("tensor_files", dict(tensor_files or {}))):
             s(self, k, val)
         self._check()
 
@@ -499,6 +502,7 @@ class HParams:
                 rope_sections=tuple(int(x) for x in d["rope_sections"]) if d.get("rope_sections") else None,
                 # print_info's n_layer_all (absent: no NextN/MTP blocks)
                 n_layer_nextn=int(d.get("n_layer_all", d["n_layer"])) - int(d["n_layer"]),
+                tensor_files={str(k): int(v) for k, v in (d.get("tensor_files") or {}).items()},
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -525,6 +529,7 @@ class HParams:
             **(self.recurrent.to_dict() if self.recurrent is not None else {}),
             **({"rope_sections": list(self.rope_sections)} if self.rope_sections is not None else {}),
             **({"n_layer_all": self.n_layer_all} if self.n_layer_nextn else {}),
+            **({"tensor_files": dict(self.tensor_files)} if self.tensor_files else {}),
         }
 
 

@@ -8,7 +8,12 @@
   a place in ``-ngl`` and holds nothing.
 - Weights: on a CPU layer a matrix goes to ``CPU_REPACK`` when the CPU's repack buffer
   can run its MUL_MAT, otherwise to the CPU buffer, which is ``CPU_Mapped`` with mmap and
-  then spans the file range of its tensors (``get_mapping_range``).
+  then spans the file range of its tensors (``get_mapping_range``). For a split model
+  (``HParams.tensor_files``) ``create_backend_buffers`` makes one such buffer per file (shard)
+  holding any of them, and ``load_tensors`` prints one "model buffer size" line per buffer, not
+  their sum (:attr:`LoadedModel.buffer_lines`); ``memory_breakdown`` sums them per buffer type
+  (:attr:`LoadedModel.buffers_bytes`). Read from llama.cpp's source: no measured case pins the
+  per-file rule. Without mmap one buffer holds every file's tensors.
 - KV cache: :mod:`toolkit.models.memory` (``llama_model::create_memory``); the type checks
   ``llama_init_from_model`` makes before it are :func:`check_kv_types`.
 - Output buffer: ``n_seq_max`` rows of logits in the output device's host buft, else CPU.
@@ -92,7 +97,10 @@ class LoadedModel:
     layer_dev: list[int]                              # per layer 0..n_layer_all: gpu index or -1
     tensors: dict[str, Tensor] = field(default_factory=dict)
     output: Tensor | None = None                      # output.weight, or the tied duplicate of token_embd
-    buffers_bytes: dict[str, int] = field(default_factory=dict)
+    buffers_bytes: dict[str, int] = field(default_factory=dict)  # per buffer type (memory_breakdown)
+    # one (buffer type, bytes) per backend buffer, as load_tensors prints its "model buffer size" lines:
+    # a split model's CPU_Mapped buffer is one per file with mmap (no measured llama.cpp case pins this)
+    buffer_lines: list[tuple[str, int]] = field(default_factory=list)
     tensor_overrides: list[overrides.TensorOverride] = field(default_factory=list)  # weights moved by -ot & co.
     override_rules: list[overrides.OverrideRule] = field(default_factory=list)
     rope_freqs: dict[int, Tensor] = field(default_factory=dict)  # per layer that reads it: its buffer type's copy
@@ -152,13 +160,15 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
     def home(layer: int) -> int:
         return -1 if layer < 0 else model.layer_dev[min(layer, n_layer)]
 
-    # GGUF file offsets, for the memory-mapped CPU buffer's span
-    offs: dict[str, tuple[int, int]] = {}
-    pos = 0
+    # GGUF file offsets (file index, start, end), for the memory-mapped CPU buffers' spans: each file
+    # (shard of a split model) holds its tensors in order, each at the default alignment
+    offs: dict[str, tuple[int, int, int]] = {}
+    pos_of: dict[int, int] = {}
     for w in infos:
-        pos = _pad(pos, GGUF_DEFAULT_ALIGNMENT)
-        offs[w.name] = (pos, pos + w.nbytes)
-        pos += w.nbytes
+        idx = hp.tensor_files.get(w.name, 0)
+        pos = _pad(pos_of.get(idx, 0), GGUF_DEFAULT_ALIGNMENT)
+        offs[w.name] = (idx, pos, pos + w.nbytes)
+        pos_of[idx] = pos + w.nbytes
     cpu_name = "CPU_Mapped" if cp.use_mmap else "CPU"
     bufts: dict[str, BufferType] = {cpu_name: devs.cpu_buft, "CPU_REPACK": devs.repack_buft}
     rules = overrides.parse(cp.override_tensor, cp.cpu_moe, cp.n_cpu_moe,
@@ -206,18 +216,21 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
         if name != tok_name or tied_output_first:   # same buffer type: create_tensor returns token_embd
             placed.append((out_w, name, tok.name, "output.weight"))
     sizes: dict[str, int] = {}
-    spans: dict[str, list[int]] = {}
+    spans: dict[int, list[int]] = {}   # file index -> [first, last] of its CPU_Mapped tensors
     for w, name, key, _ in placed:
         buft = bufts[name]
         if name == "CPU_Mapped":
-            lo, hi = offs[key]
-            span = spans.setdefault(name, [lo, hi])
+            idx, lo, hi = offs[key]
+            span = spans.setdefault(idx, [lo, hi])
             span[0], span[1] = min(span[0], lo), max(span[1], hi)
         else:
             t = Tensor(w.type, w.ne)
             sizes[name] = sizes.get(name, 0) + _pad(buft.alloc_size(t), buft.alignment)
-    for name, (lo, hi) in spans.items():
-        sizes[name] = hi - lo
+    # create_backend_buffers: with mmap one CPU_Mapped buffer per file that holds any of its tensors
+    # (get_mapping_range), each printed on its own line; memory_breakdown sums them per buffer type
+    mapped = [hi - lo for _, (lo, hi) in sorted(spans.items())]
+    if mapped:
+        sizes["CPU_Mapped"] = sum(mapped)
     buffers = {name: Buffer(bufts[name], size, BufferUsage.WEIGHTS, name) for name, size in sizes.items()}
     for w, name, key, tkey in placed:
         t = Tensor(w.type, w.ne, name=key)
@@ -227,6 +240,8 @@ def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[
     model.rope_freqs = {il: model.tensors[k] for il, k in rope_of_layer.items()}
     order = [b.name for b in devs.gpus]
     model.buffers_bytes = dict(sorted(sizes.items(), key=lambda kv: (kv[0] in order, kv[0])))
+    model.buffer_lines = [(n, b) for n, total in model.buffers_bytes.items()
+                          for b in (mapped if n == "CPU_Mapped" else [total])]
     return model
 
 
