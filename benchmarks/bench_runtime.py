@@ -1,6 +1,6 @@
 """JAX runtime benchmark: scheduled run vs one jax.jit, rebuild vs reuse, RSS over rebuild cycles.
 
-    python benchmarks/bench_runtime.py [--cycles 1000] [--iters 10] [--json]
+    python benchmarks/bench_runtime.py [--cycles 1000] [--iters 10] [--weight-types q4_0,iq2_xxs] [--json]
 
 1. tokens/s of a prompt through the scheduled graph on one CPU device (graph reused between
    calls, as llama.cpp reuses it) beside one ``jax.jit`` of a plain llama forward with the
@@ -132,12 +132,30 @@ def bench_throughput(iters: int, n_tokens: int) -> dict[str, Any]:
 
 # the ggml_half fields (d, m / dmin) of each block struct of ggml-common.h, by byte offset
 F16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q2_k": (80, 82),
-              "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,)}
+              "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_nl": (0,), "iq4_xs": (0,),
+              "tq1_0": (52,), "tq2_0": (64,), "iq2_xxs": (0,), "iq2_xs": (0,), "iq2_s": (0,), "iq3_xxs": (0,),
+              "iq3_s": (0,), "iq1_s": (0,), "iq1_m": (), "nvfp4": (), "q1_0": (0,), "q2_0": (0,)}
 
 
-def bench_weight_types(iters: int, n_tokens: int) -> dict[str, float]:
+def _small_scales(name: str, raw: np.ndarray, rng: np.random.Generator) -> None:
+    """Small scales in random blocks (rows, blocks, type_size), in place: the f16 fields, block_iq1_m's f16
+    split over the top nibbles of its four uint16 scales, block_nvfp4's four UE4M3 bytes."""
+    for off in F16_FIELDS[name]:
+        f = (rng.uniform(-1, 1, raw.shape[:2]) * 2e-3).astype(np.float16)
+        raw[..., off:off + 2] = f[..., None].view(np.uint8)
+    if name == "iq1_m":
+        d = (rng.uniform(-1, 1, raw.shape[:2]) * 2e-3).astype(np.float16).view(np.uint16)
+        sc = raw[..., 48:56].copy().view(np.uint16) & 0x0FFF
+        for k in range(4):
+            sc[..., k] |= ((d >> (4 * k)) & 0xF) << 12
+        raw[..., 48:56] = sc.view(np.uint8)
+    if name == "nvfp4":
+        raw[..., :4] = rng.integers(0x08, 0x18, (*raw.shape[:2], 4), dtype=np.uint8)  # 2^-8 .. 2^-6
+
+
+def bench_weight_types(iters: int, n_tokens: int, types: list[str] | None = None) -> dict[str, float]:
     """tokens/s of a prompt through the scheduled graph per weight type (every matrix of that type: random
-    valid blocks, small f16 scales), F32 first."""
+    valid blocks, small scales), F32 first; ``types`` (lower-case names) picks some of them."""
     from toolkit.context import Context
     from toolkit.ggml.types import GGMLType
     from toolkit.jaxrt.gguf_io import random_weights, write_gguf
@@ -149,15 +167,15 @@ def bench_weight_types(iters: int, n_tokens: int) -> dict[str, float]:
     prompt = list(rng.integers(0, 4096, n_tokens))
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-wt-") as d:
         for name in ("f32", "f16", "bf16", *F16_FIELDS):
+            if types is not None and name != "f32" and name not in types:
+                continue
             t = GGMLType.parse(name)
             hp = HParams(n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=1536, n_vocab=4096, dtype=t, name="bench")
             vals = random_weights(hp, 1, 0.02)
             for w in archs.get(hp.arch).weights(hp):
                 if w.type is t and t.is_quantized:
                     raw = rng.integers(0, 256, (w.ne[1], w.ne[0] // t.blck_size, t.type_size), dtype=np.uint8)
-                    for off in F16_FIELDS[name]:
-                        f = (rng.uniform(-1, 1, raw.shape[:2]) * 2e-3).astype(np.float16)
-                        raw[..., off:off + 2] = f[..., None].view(np.uint8)
+                    _small_scales(name, raw, rng)
                     vals[w.name] = raw.reshape(w.ne[1], -1)
             path = os.path.join(d, f"{name}.gguf")
             write_gguf(path, hp, vals)
@@ -265,14 +283,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep-events", type=int, default=10,
                     help="trim the context's event history to this many per cycle (0: keep all)")
+    ap.add_argument("--weight-types", default=None,
+                    help="comma-separated weight types for the per-type tokens/s (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from toolkit.jaxrt.compile import enable_persistent_cache
 
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-jax-") as d:
         enable_persistent_cache(d)  # a fresh persistent cache: "cold" means a real XLA compile
+        types = args.weight_types.lower().split(",") if args.weight_types else None
         res = {"throughput": bench_throughput(args.iters, args.n_tokens),
-               "weight_types_tok_s": bench_weight_types(max(1, args.iters // 4), args.n_tokens),
+               "weight_types_tok_s": bench_weight_types(max(1, args.iters // 4), args.n_tokens, types),
                "rebuild_vs_reuse_ms": bench_rebuild_reuse(args.reps), "rss": bench_rss(args.cycles, args.keep_events)}
     if args.json:
         print(json.dumps(res, indent=1))

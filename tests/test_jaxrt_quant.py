@@ -17,7 +17,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
-from test_jaxrt_llama import PROMPT, llama_reference, make_runtime  # noqa: E402
+from llama_ref64 import llama_forward64  # noqa: E402
+from test_jaxrt_llama import PROMPT, make_runtime  # noqa: E402
 
 from toolkit.ggml.types import GGMLType  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
@@ -145,6 +146,6 @@ def test_tiny_llama_logits_over_gguf_dequantization(type_: GGMLType, tmp_path: P
     assert len(mats) == 2 * 7 + 2 and all(g.tensors[n].type is type_ for n in mats)
     rt = make_runtime(str(path), devices=("sim",), ngl=2)   # token_embd through GET_ROWS, the rest MUL_MAT
     got = np.concatenate([rt.decode(PROMPT), rt.decode([4])])
-    want = llama_reference(w, hp, [*PROMPT, 4])
+    want = llama_forward64(w, hp, [*PROMPT, 4])  # float64, over gguf-py's dequantization
     err = np.abs(got - want).max() / want.std()
     assert want.std() > 0.1 and err < 1e-3, err

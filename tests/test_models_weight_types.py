@@ -76,3 +76,32 @@ def test_a_cache_type_ggml_cpu_cannot_write_is_refused(kv: str) -> None:
     with pytest.raises(ParameterError) as e:
         Context("small", ContextParams(n_ctx=256, type_k=kv, flash_attn="on"))
     assert e.value.param == "type_k" and kv in str(e.value)
+
+
+def test_a_q2_0_file_plans(tmp_path: Path) -> None:
+    """Q2_0 (ggml id 42, block_q2_0: a ggml_half and 16 bytes per 64 elements), a type gguf-py does not know:
+    written by toolkit.jaxrt.gguf_io (its id and shape as given), its buffers are 18 bytes per 64 elements of
+    each matrix on CPU (ggml_repack_get_optimal_repack_type takes no Q2_0)."""
+    from toolkit.ggml.types import GGMLType
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models import HParams, archs
+
+    hp = HParams(n_layer=1, n_embd=E, n_head=H, n_head_kv=H, n_ff=F, n_vocab=V, dtype=GGMLType.Q2_0, name="q2_0")
+    rng = np.random.default_rng(42)
+    vals: dict[str, np.ndarray] = {}
+    want = 0
+    for info in archs.get(hp.arch).weights(hp):
+        if len(info.ne) == 2:
+            assert info.type is GGMLType.Q2_0
+            raw = rng.integers(0, 256, (info.ne[1], info.ne[0] // 64, 18), dtype=np.uint8)
+            raw[..., 0:2] = np.full(raw.shape[:-1], 0.01, np.float16)[..., None].view(np.uint8)
+            vals[info.name] = raw.reshape(info.ne[1], -1)
+            want += _pad(info.ne[1] * info.ne[0] // 64 * 18)
+        else:
+            vals[info.name] = np.ones(tuple(reversed(info.ne)), np.float32)
+            want += _pad(4 * int(np.prod(info.ne)))
+    path = str(tmp_path / "q2_0.gguf")
+    write_gguf(path, hp, vals)
+    ctx = Context(path, ContextParams(n_ctx=256, n_batch=256, n_ubatch=256, use_mmap=False))
+    assert ctx.model_buffers_bytes == {"CPU": want}
+    assert ctx.setup.model.tensors["blk.0.attn_q.weight"].type is GGMLType.Q2_0

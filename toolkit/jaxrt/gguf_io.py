@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import jax.numpy as jnp
 import numpy as np
 
 from toolkit.errors import ParameterError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
-from toolkit.jaxrt.quant import DEQUANT
+from toolkit.jaxrt.quant import DEQUANT, dequantize
 from toolkit.models import archs
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFFile, open_gguf
@@ -86,15 +87,25 @@ def random_weights(hp: HParams, seed: int = 0, scale: float = 0.1) -> dict[str, 
     return out
 
 
+def _gguf_knows(type_: GGMLType) -> bool:
+    """Whether the ``gguf`` package has ``type_`` (its GGMLQuantizationType and block sizes); newer ggml
+    types (Q2_0) it may not."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return any(q.value == type_.ggml_id for q in GGMLQuantizationType) and \
+        GGMLQuantizationType(type_.ggml_id) in GGML_QUANT_SIZES
+
+
 def encode(values: np.ndarray, type_: GGMLType) -> tuple[np.ndarray, Any]:
     """f32 values -> (array to write, GGML quantization type) in the file layout. uint8 values of a
     quantized type are taken as its blocks already (rows of ``type_.row_size(ne0)`` bytes): the way to
-    write a type ``gguf.quants`` can dequantize but not quantize (the K-quants, IQ4_NL, IQ4_XS)."""
+    write a type ``gguf.quants`` can dequantize but not quantize (the K-quants, the IQ types, NVFP4), or
+    one it does not know (Q1_0, Q2_0: the type is then its ggml id)."""
     from gguf import GGMLQuantizationType, quants
 
-    qt = GGMLQuantizationType(type_.ggml_id)
     if type_.is_quantized and values.dtype == np.uint8:
-        return values, qt
+        return values, (GGMLQuantizationType(type_.ggml_id) if _gguf_knows(type_) else type_.ggml_id)
+    qt = GGMLQuantizationType(type_.ggml_id)
     if type_ is GGMLType.F32:
         return values.astype(np.float32), qt
     if type_ is GGMLType.F16:
@@ -103,11 +114,15 @@ def encode(values: np.ndarray, type_: GGMLType) -> tuple[np.ndarray, Any]:
 
 
 def decode_values(data: np.ndarray, type_: GGMLType, ne: tuple[int, ...]) -> np.ndarray:
-    """File layout -> f32 values in numpy order (the dequantization ggml defines, via gguf.quants)."""
+    """File layout -> f32 values in numpy order (the dequantization ggml defines, via gguf.quants; for the
+    types gguf.quants does not dequantize, Q1_0 and Q2_0, via this runtime's own kernels)."""
     from gguf import GGMLQuantizationType, quants
 
     if type_ in (GGMLType.F32, GGMLType.F16):
         return np.asarray(data, np.float32).reshape(tuple(reversed(ne)))
+    if type_ in (GGMLType.Q1_0, GGMLType.Q2_0):
+        raw = np.asarray(data).view(np.uint8).reshape(-1, type_.row_size(ne[0]))
+        return np.asarray(dequantize(jnp.asarray(raw), type_), np.float32).reshape(tuple(reversed(ne)))
     deq = quants.dequantize(np.asarray(data).view(np.uint8), GGMLQuantizationType(type_.ggml_id))
     return np.asarray(deq, np.float32).reshape(tuple(reversed(ne)))
 
@@ -169,7 +184,13 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
     stored: dict[str, np.ndarray] = {}
     for info in arch.weights(hp):
         arr, qt = encode(vals[info.name], info.type)
-        w.add_tensor(info.name, arr, raw_dtype=qt)
+        if isinstance(qt, int) and not _gguf_knows(info.type):
+            # a type gguf-py has no sizes for: the bytes as int8 with the element shape (numpy order), so
+            # that GGUFWriter writes the id and ne as given instead of deriving ne from the byte shape
+            w.add_tensor(info.name, arr.view(np.int8), raw_shape=tuple(reversed(info.ne)),
+                         raw_dtype=cast(Any, qt))
+        else:
+            w.add_tensor(info.name, arr, raw_dtype=qt)
         stored[info.name] = decode_values(arr, info.type, info.ne)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,7 +1,10 @@
 """ggml block quantization in JAX: every weight type the runtime runs, dequantized inside the compiled kernel.
 
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 blocks hold 32 elements; the K-quants Q2_K, Q3_K, Q4_K,
-Q5_K, Q6_K and IQ4_XS hold QK_K = 256 in sub-blocks of 16 or 32 with their own scales. Each kernel
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 blocks hold 32 elements, NVFP4 and Q2_0 64, Q1_0 128; the
+K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the ternary TQ1_0 and TQ2_0 and the grid types IQ2_XXS,
+IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M hold QK_K = 256 in sub-blocks of 16 or 32 with their own
+scales. The grid types' tables (iq2xxs_grid .. iq1s_grid and ksigns_iq2xs of ggml-common.h) are taken at
+import from the ``gguf`` package's gguf/quants.py, which builds them for its own dequantization. Each kernel
 follows its ``dequantize_row_*`` (ggml-quants.c) over the block struct of ggml-common.h, vectorized:
 the raw bytes are reshaped to (..., n_blocks, type_size) and the fields read with bit operations.
 
@@ -20,6 +23,7 @@ reads are expanded, so a GET_ROWS of a Q8_0 embedding dequantizes n_tokens rows,
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from toolkit.ggml.types import GGMLType
@@ -249,11 +253,240 @@ def dequant_iq4_xs(raw: jnp.ndarray) -> jnp.ndarray:
     return _per_sub(_f16_at(b, 0) * ls.astype(jnp.float32), q).reshape(*lead, nblk * QK_K)
 
 
+# ---- ternary, IQ1/IQ2/IQ3 grids, NVFP4, Q1_0, Q2_0 -----------------------------------------------
+# The IQ grids (iq2xxs_grid, iq2xs_grid, iq2s_grid, iq3xxs_grid, iq3s_grid, iq1s_grid of ggml-common.h)
+# and ksigns_iq2xs are data tables, taken at import from the ``gguf`` package, whose gguf/quants.py
+# builds them for its own dequantization (``IQ2_XXS.ksigns`` and each class's ``init_grid()`` /
+# ``grid``: the grid's values as f32, one row of 8 or 4 per index).
+
+def _gguf_grid(name: str) -> np.ndarray:
+    """ggml-common.h's grid of the gguf.quants class ``name``: (n_index, 8 or 4) f32 values."""
+    from gguf import quants as gq
+
+    cls = getattr(gq, name)
+    cls.init_grid()
+    return np.asarray(cls.grid, np.float32).reshape(cls.grid_shape)
+
+
+def _ksigns_bits() -> np.ndarray:
+    """ksigns_iq2xs (128 sign bytes: 7 sign bits and their parity) as (128, 8) factors +-1 (kmask_iq2xs
+    picks bit j for element j)."""
+    from gguf import quants as gq
+
+    ks = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
+    bits = (ks[:, None] >> np.arange(8, dtype=np.uint8)) & 1
+    return np.where(bits != 0, -1.0, 1.0).astype(np.float32)
+
+
+IQ2XXS_GRID = _gguf_grid("IQ2_XXS")   # (256, 8)
+IQ2XS_GRID = _gguf_grid("IQ2_XS")     # (512, 8)
+IQ2S_GRID = _gguf_grid("IQ2_S")       # (1024, 8)
+IQ3XXS_GRID = _gguf_grid("IQ3_XXS")   # (256, 4)
+IQ3S_GRID = _gguf_grid("IQ3_S")       # (512, 4)
+IQ1S_GRID = _gguf_grid("IQ1_S")       # (2048, 8), values -1, 0, 1 (iq1s_grid's int8 bytes)
+KSIGNS = _ksigns_bits()               # (128, 8)
+IQ1S_DELTA = 0.125
+
+
+def _u16(b: jnp.ndarray) -> jnp.ndarray:
+    """(..., 2n) bytes -> (..., n) little-endian uint16 values, as uint32."""
+    w = b.reshape(*b.shape[:-1], -1, 2).astype(jnp.uint32)
+    return w[..., 0] | (w[..., 1] << 8)
+
+
+def _u32(b: jnp.ndarray) -> jnp.ndarray:
+    """(..., 4n) bytes -> (..., n) little-endian uint32 values."""
+    w = b.reshape(*b.shape[:-1], -1, 4).astype(jnp.uint32)
+    return w[..., 0] | (w[..., 1] << 8) | (w[..., 2] << 16) | (w[..., 3] << 24)
+
+
+def _lookup(table: np.ndarray, idx: jnp.ndarray) -> jnp.ndarray:
+    """Rows of ``table`` at integer ``idx`` (..., m) -> (..., m * table row length)."""
+    rows = jnp.take(jnp.asarray(table), idx.astype(jnp.int32), axis=0)
+    return rows.reshape(*idx.shape[:-1], idx.shape[-1] * table.shape[-1])
+
+
+def _sign_bits(b: jnp.ndarray) -> jnp.ndarray:
+    """(..., n) sign bytes -> (..., 8n) factors: element 8k + j is -1 where bit j of byte k is set."""
+    return jnp.where(_bits(b[..., None, :]).swapaxes(-1, -2) != 0, -1.0, 1.0).reshape(
+        *b.shape[:-1], 8 * b.shape[-1]).astype(jnp.float32)
+
+
+def _pow3_trits(b: jnp.ndarray, n: int) -> jnp.ndarray:
+    """TQ1_0's base-3 digits: (..., m) bytes -> (..., n, m), digit k of byte q being ((uint8)(q * 3^k) * 3) >> 8."""
+    pow3 = jnp.asarray([1, 3, 9, 27, 81][:n], jnp.uint32)[:, None]
+    q = (b[..., None, :].astype(jnp.uint32) * pow3) & 0xFF
+    return ((q * 3) >> 8).astype(jnp.int32)
+
+
+def dequant_tq1_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_tq1_0``: block_tq1_0 = qs (48), qh (4), d (f16); five trits a byte in qs (elements
+    0..159 from its first 32 bytes, digit n of byte m being element 32n + m; 160..239 from the next 16), four
+    in qh (element 240 + 4n + j); x = (trit - 1) * d."""
+    lead, nblk, b = _blocks(raw, 54)
+    t = jnp.concatenate([_pow3_trits(b[..., :32], 5).reshape(*lead, nblk, 160),
+                         _pow3_trits(b[..., 32:48], 5).reshape(*lead, nblk, 80),
+                         _pow3_trits(b[..., 48:52], 4).reshape(*lead, nblk, 16)], axis=-1)
+    return ((t - 1).astype(jnp.float32) * _f16_at(b, 52)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_tq2_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_tq2_0``: block_tq2_0 = qs (64), d (f16); 2-bit values laid out as Q2_K's;
+    x = (q - 1) * d."""
+    lead, nblk, b = _blocks(raw, 66)
+    q = _crumbs(b[..., :64]).astype(jnp.int32) - 1
+    return (q.astype(jnp.float32) * _f16_at(b, 64)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq2_xxs(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq2_xxs``: block_iq2_xxs = d (f16), 8 groups of 8 bytes per 32 elements: 4 grid
+    indices (bytes), then a uint32 of four 7-bit ksigns indices and a 4-bit scale (bits 28..31);
+    x = d * (0.5 + scale) * 0.25 * iq2xxs_grid[index][j] * sign."""
+    lead, nblk, b = _blocks(raw, 66)
+    g = b[..., 2:].reshape(*lead, nblk, 8, 8)
+    aux = _u32(g[..., 4:])[..., 0]                                      # (..., 8)
+    grid = _lookup(IQ2XXS_GRID, g[..., :4])                             # (..., 8, 32)
+    sidx = (aux[..., None] >> jnp.asarray([0, 7, 14, 21], jnp.uint32)) & 127
+    signs = _lookup(KSIGNS, sidx)
+    db = _f16_at(b, 0) * (0.5 + (aux >> 28).astype(jnp.float32)) * 0.25
+    return (db[..., None] * grid * signs).reshape(*lead, nblk * QK_K)
+
+
+def _db_nibbles(b: jnp.ndarray, d: jnp.ndarray) -> jnp.ndarray:
+    """IQ2_XS/IQ2_S's 8 scale bytes -> (..., 16) sub-block scales d * (0.5 + nibble) * 0.25 (low nibble first)."""
+    s = jnp.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:-1], 16)
+    return d * (0.5 + s.astype(jnp.float32)) * 0.25
+
+
+def dequant_iq2_xs(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq2_xs``: block_iq2_xs = d (f16), 32 uint16 qs (9-bit iq2xs_grid index, 7-bit ksigns
+    index), 8 scale bytes (two nibbles each, one per 16 elements); x = db * grid[j] * sign."""
+    lead, nblk, b = _blocks(raw, 74)
+    q = _u16(b[..., 2:66])                                              # (..., 32)
+    vals = _lookup(IQ2XS_GRID, q & 511) * _lookup(KSIGNS, q >> 9)
+    db = _db_nibbles(b[..., 66:74], _f16_at(b, 0))
+    return _per_sub(db, vals).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq2_s(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq2_s``: block_iq2_s = d (f16), qs (32 index bytes, then 32 sign bytes), qh (8),
+    scales (8); group g of 8 elements has index qs[g] | bits 2(g % 4).. of qh[g / 4] << 8 into iq2s_grid."""
+    lead, nblk, b = _blocks(raw, 82)
+    hi = _bits(b[..., None, 66:74], 2).swapaxes(-1, -2).reshape(*lead, nblk, 32).astype(jnp.uint32)
+    idx = b[..., 2:34].astype(jnp.uint32) | (hi << 8)
+    grid = _lookup(IQ2S_GRID, idx)
+    db = _db_nibbles(b[..., 74:82], _f16_at(b, 0))
+    return (_per_sub(db, grid) * _sign_bits(b[..., 34:66])).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq3_xxs(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq3_xxs``: block_iq3_xxs = d (f16), qs (64 iq3xxs_grid indices, 4 elements each),
+    then 8 uint32 per 32 elements: four 7-bit ksigns indices and a scale (bits 28..31);
+    x = d * (0.5 + scale) * 0.5 * grid * sign."""
+    lead, nblk, b = _blocks(raw, 98)
+    grid = _lookup(IQ3XXS_GRID, b[..., 2:66].reshape(*lead, nblk, 8, 8))    # (..., 8, 32)
+    aux = _u32(b[..., 66:98])                                             # (..., 8)
+    sidx = (aux[..., None] >> jnp.asarray([0, 7, 14, 21], jnp.uint32)) & 127
+    db = _f16_at(b, 0) * (0.5 + (aux >> 28).astype(jnp.float32)) * 0.5
+    return (db[..., None] * grid * _lookup(KSIGNS, sidx)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq3_s(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq3_s``: block_iq3_s = d (f16), qs (64), qh (8), signs (32), scales (4); index k is
+    qs[k] | bit k % 8 of qh[k / 8] << 8 into iq3s_grid (4 elements), element e's sign bit e % 8 of signs[e / 8],
+    and x = d * (1 + 2 * nibble) * grid * sign per 32 elements."""
+    lead, nblk, b = _blocks(raw, 110)
+    hi = _bits(b[..., None, 66:74]).swapaxes(-1, -2).reshape(*lead, nblk, 64).astype(jnp.uint32)
+    grid = _lookup(IQ3S_GRID, b[..., 2:66].astype(jnp.uint32) | (hi << 8))
+    s = jnp.stack([b[..., 106:110] & 0x0F, b[..., 106:110] >> 4], axis=-1).reshape(*lead, nblk, 8)
+    db = _f16_at(b, 0) * (1 + 2 * s.astype(jnp.int32)).astype(jnp.float32)
+    return (_per_sub(db, grid) * _sign_bits(b[..., 74:106])).reshape(*lead, nblk * QK_K)
+
+
+def _iq1_values(qs: jnp.ndarray, hi: jnp.ndarray, neg: jnp.ndarray) -> jnp.ndarray:
+    """IQ1_S/IQ1_M: iq1s_grid[qs | hi << 8] + (neg ? -IQ1S_DELTA : IQ1S_DELTA), groups of 8 -> (..., 256)."""
+    grid = _lookup(IQ1S_GRID, qs.astype(jnp.uint32) | (hi.astype(jnp.uint32) << 8))
+    delta = jnp.where(neg, -IQ1S_DELTA, IQ1S_DELTA).astype(jnp.float32)
+    return grid + jnp.repeat(delta, 8, axis=-1)
+
+
+def dequant_iq1_s(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq1_s``: block_iq1_s = d (f16), qs (32), qh (8 uint16, one per 32 elements: 3 index
+    bits per group of 8, a 3-bit scale in bits 12..14, the delta's sign in bit 15);
+    x = d * (2 * scale + 1) * (grid + delta)."""
+    lead, nblk, b = _blocks(raw, 50)
+    qh = _u16(b[..., 34:50])                                            # (..., 8)
+    hi = ((qh[..., None] >> jnp.asarray([0, 3, 6, 9], jnp.uint32)) & 7).reshape(*lead, nblk, 32)
+    neg = jnp.repeat((qh & 0x8000) != 0, 4, axis=-1)
+    dl = _f16_at(b, 0) * (2 * ((qh >> 12) & 7) + 1).astype(jnp.float32)
+    return _per_sub(dl, _iq1_values(b[..., 2:34], hi, neg)).reshape(*lead, nblk * QK_K)
+
+
+def dequant_iq1_m(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_iq1_m``: block_iq1_m = qs (32), qh (16: a nibble per group of 8, 3 index bits and the
+    delta's sign), scales (4 uint16: four 3-bit scales, one per 16 elements, and 4 bits of the f16 super-block
+    scale in bits 12..15 of each, iq1m_scale_t); x = d * (2 * scale + 1) * (grid + delta)."""
+    lead, nblk, b = _blocks(raw, 56)
+    nib = jnp.stack([b[..., 32:48] & 0x0F, b[..., 32:48] >> 4], axis=-1).reshape(*lead, nblk, 32)
+    sc = _u16(b[..., 48:56])                                            # (..., 4)
+    dbits = ((sc[..., 0] >> 12) | ((sc[..., 1] >> 8) & 0x00F0) | ((sc[..., 2] >> 4) & 0x0F00)
+             | (sc[..., 3] & 0xF000)).astype(jnp.uint16)
+    d = lax.bitcast_convert_type(dbits, jnp.float16).astype(jnp.float32)[..., None]
+    s = ((sc[..., None] >> jnp.asarray([0, 3, 6, 9], jnp.uint32)) & 7).reshape(*lead, nblk, 16)
+    dl = d * (2 * s + 1).astype(jnp.float32)
+    vals = _iq1_values(b[..., :32], nib & 7, (nib & 8) != 0)
+    return _per_sub(dl, vals).reshape(*lead, nblk * QK_K)
+
+
+QK_NVFP4 = 64
+
+
+def _ue4m3_to_fp32(x: jnp.ndarray) -> jnp.ndarray:
+    """``ggml_ue4m3_to_fp32`` (the 0.5 of the doubled kvalues included): bit 7 ignored, 0 and 0x7F give 0,
+    exponent 0 gives man * 2^-10, else (1 + man/8) * 2^(exp - 8), built from its f32 bits."""
+    x32 = x.astype(jnp.uint32)
+    e, m = (x32 >> 3) & 0xF, x32 & 7
+    normal = lax.bitcast_convert_type(((e + 119) << 23) | (m << 20), jnp.float32)
+    v = jnp.where(e == 0, m.astype(jnp.float32) * (2.0 ** -10), normal)
+    return jnp.where((x32 == 0) | (x32 == 0x7F), 0.0, v).astype(jnp.float32)
+
+
+def dequant_nvfp4(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_nvfp4``: block_nvfp4 = d (4 UE4M3 scales, one per 16 elements), qs (32 bytes: 8 per
+    sub-block, element j < 8 the low nibble of byte j, 8 + j its high nibble); x = kvalues_mxfp4[q] * d."""
+    lead, nblk, b = _blocks(raw, 36)
+    idx = _nibbles(b[..., 4:].reshape(*lead, nblk, 4, 8)).astype(jnp.int32)    # (..., 4, 16)
+    q = jnp.asarray(KVALUES_MXFP4, jnp.float32)[idx]
+    return (q * _ue4m3_to_fp32(b[..., :4])[..., None]).reshape(*lead, nblk * QK_NVFP4)
+
+
+def dequant_q1_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q1_0``: block_q1_0 = d (f16), qs (16 bytes, element j bit j % 8 of byte j / 8);
+    x = bit ? d : -d."""
+    lead, nblk, b = _blocks(raw, 18)
+    bit = _bits(b[..., None, 2:]).swapaxes(-1, -2).reshape(*lead, nblk, 128)
+    d = _f16_at(b, 0)
+    return jnp.where(bit != 0, d, -d).reshape(*lead, nblk * 128)
+
+
+def dequant_q2_0(raw: jnp.ndarray) -> jnp.ndarray:
+    """``dequantize_row_q2_0``: block_q2_0 = d (f16), qs (16 bytes, element j bits 2(j % 4).. of byte j / 4);
+    x = (q - 1) * d."""
+    lead, nblk, b = _blocks(raw, 18)
+    q = _bits(b[..., None, 2:], 2).swapaxes(-1, -2).reshape(*lead, nblk, 64).astype(jnp.int32) - 1
+    return (q.astype(jnp.float32) * _f16_at(b, 0)).reshape(*lead, nblk * 64)
+
+
 DEQUANT = {GGMLType.Q8_0: dequant_q8_0, GGMLType.Q4_0: dequant_q4_0, GGMLType.MXFP4: dequant_mxfp4,
            GGMLType.Q4_1: dequant_q4_1, GGMLType.Q5_0: dequant_q5_0, GGMLType.Q5_1: dequant_q5_1,
            GGMLType.Q2_K: dequant_q2_K, GGMLType.Q3_K: dequant_q3_K, GGMLType.Q4_K: dequant_q4_K,
            GGMLType.Q5_K: dequant_q5_K, GGMLType.Q6_K: dequant_q6_K, GGMLType.IQ4_NL: dequant_iq4_nl,
-           GGMLType.IQ4_XS: dequant_iq4_xs}
+           GGMLType.IQ4_XS: dequant_iq4_xs,
+           GGMLType.TQ1_0: dequant_tq1_0, GGMLType.TQ2_0: dequant_tq2_0,
+           GGMLType.IQ2_XXS: dequant_iq2_xxs, GGMLType.IQ2_XS: dequant_iq2_xs, GGMLType.IQ2_S: dequant_iq2_s,
+           GGMLType.IQ3_XXS: dequant_iq3_xxs, GGMLType.IQ3_S: dequant_iq3_s, GGMLType.IQ1_S: dequant_iq1_s,
+           GGMLType.IQ1_M: dequant_iq1_m, GGMLType.NVFP4: dequant_nvfp4, GGMLType.Q1_0: dequant_q1_0,
+           GGMLType.Q2_0: dequant_q2_0}
 
 
 def dequantize(raw: jnp.ndarray, type_: GGMLType) -> jnp.ndarray:
