@@ -195,3 +195,12 @@ def test_an_mtp_log_says_the_block_is_skipped() -> None:
     assert exp.all_equal
     plain = explain(DATA / "sched-debug" / "rpc1-qwen35moe-ngl4-c256-b512-ub512-faoff-DEBUG.txt")
     assert not [line for line in plain.lines() if "NextN" in line]
+
+
+def test_the_logged_buffers_are_every_buffer_line() -> None:
+    # ParsedLog.buffers: the plain data the dashboard marks, one per "... buffer size" line of the log
+    path = DATA / "sched-debug" / "rpc1-small_f32-ngl3-c1024-b2048-ub512-faon-DEBUG.txt"
+    expected = [(line, what, buft, value) for line, what, buft, value in logged_numbers(path.read_text())
+                if not what.startswith("graph")]
+    got = [(b.line, b.group, b.buft, b.nbytes) for b in parse_log(path).buffers()]
+    assert got == expected and len(got) == 7
