@@ -311,7 +311,7 @@ def logged_marks(dash: Dashboard) -> list[tuple[str, int]]:
     return list(zip(mark.x, mark.customdata, strict=True))
 
 
-def test_a_log_opens_the_dashboard_with_its_buffers_as_reference_marks() -> None:
+def test_a_log_opens_the_dashboard_with_its_buffers_as_reference_marks(tmp_path: Path) -> None:
     dash = toolkit.dashboard(log=LOG, debounce_s=0)
     assert dash.ctx.cparams == from_log(LOG).cparams and dash.ctx.cparams.n_gpu_layers == 3
     expected = [(m.group(2), int(m.group(4))) for line in LOG.read_text().splitlines()
@@ -326,6 +326,9 @@ def test_a_log_opens_the_dashboard_with_its_buffers_as_reference_marks() -> None
     assert logged_marks(dash) == expected
     dash.apply(op_offload=False, n_ctx=512)
     assert dash.error is None and logged_marks(dash) == expected
+    # the saved report carries them too
+    report = dash.save_html(tmp_path / "report.html").read_text()
+    assert '"name":"llama.cpp log"' in report and '"customdata":[39096320,39097344,128000' in report
 
 
 def test_a_bad_log_raises_before_any_widget() -> None:
@@ -338,3 +341,16 @@ def test_a_bad_log_raises_before_any_widget() -> None:
         toolkit.dashboard(log=LOG, n_ctx=512)
     with pytest.raises(ParameterError, match="devices"):
         toolkit.dashboard(log=LOG, devices="sim:2")
+
+
+def test_a_moe_log_offers_n_cpu_moe() -> None:
+    # --n-cpu-moe 1 as the log shows it (three -ot overrides of layer 0's experts); the control adds layer 1's
+    moe_log = LOG.parent.parent / "logs" / "rpc1-tiny_moe_f32-ngl99-ncmoe1-oo1-c256-b512-ub512-faon-DEBUG.txt"
+    dash = toolkit.dashboard(log=moe_log, debounce_s=0)
+    assert "n_cpu_moe" in dash.controls and dash.controls["n_cpu_moe"].max == 2
+    marks = logged_marks(dash)
+    cpu = dash.ctx.model_buffers_bytes["CPU_Mapped"]
+    dash.apply(n_cpu_moe=2)
+    assert dash.error is None and dash.ctx.cparams.n_cpu_moe == 2
+    assert dash.ctx.model_buffers_bytes["CPU_Mapped"] > cpu and logged_marks(dash) == marks
+    assert "n_cpu_moe" not in make_dashboard()[1].controls       # a dense model has no experts to keep

@@ -282,7 +282,7 @@ class Dashboard:
         from toolkit.ui import share
 
         devices = self.controls["devices"].value
-        return share.save_html(path, [share.section_of(self.ctx, self._model)],
+        return share.save_html(path, [share.section_of(self.ctx, self._model, self.logged)],
                                title=f"toolkit report: {self._model} on {devices}", meta={"devices": str(devices)})
 
     # ---------------------------------------------------------------- runtime
