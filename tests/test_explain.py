@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -122,8 +122,20 @@ def test_a_log_cut_in_the_middle_names_the_first_missing_line() -> None:
 
 
 def test_another_programs_text_is_refused() -> None:
-    with pytest.raises(LogError, match="not a llama.cpp start-up log"):
+    with pytest.raises(LogError, match="not a llama.cpp start-up log") as e:
         from_log("Collecting numpy\n  Downloading numpy-2.0.tar.gz\nSuccessfully installed numpy\n")
+    # it names the lines a start-up log would have had
+    assert e.value.missing == "llama_model_loader:, print_info:, llama_context:, sched_reserve: lines"
+
+
+def test_cli_names_what_a_bad_log_lacks(tmp_path: Path) -> None:
+    # python -m toolkit explain on a log without its print_info block: exit 2, the missing line on stderr
+    text = "\n".join(x for x in _text(TINY).splitlines() if not x.startswith("print_info:"))
+    (tmp_path / "x.log").write_text(text)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        rc = cli.main(["explain", str(tmp_path / "x.log")])
+    assert rc == 2 and "missing: print_info: arch" in err.getvalue()
 
 
 def test_an_unknown_architecture_names_the_key() -> None:
@@ -195,3 +207,12 @@ def test_an_mtp_log_says_the_block_is_skipped() -> None:
     assert exp.all_equal
     plain = explain(DATA / "sched-debug" / "rpc1-qwen35moe-ngl4-c256-b512-ub512-faoff-DEBUG.txt")
     assert not [line for line in plain.lines() if "NextN" in line]
+
+
+def test_the_logged_buffers_are_every_buffer_line() -> None:
+    # ParsedLog.buffers: the plain data the dashboard marks, one per "... buffer size" line of the log
+    path = DATA / "sched-debug" / "rpc1-small_f32-ngl3-c1024-b2048-ub512-faon-DEBUG.txt"
+    expected = [(line, what, buft, value) for line, what, buft, value in logged_numbers(path.read_text())
+                if not what.startswith("graph")]
+    got = [(b.line, b.group, b.buft, b.nbytes) for b in parse_log(path).buffers()]
+    assert got == expected and len(got) == 7

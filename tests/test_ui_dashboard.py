@@ -9,18 +9,23 @@ buffer of n_ctx 256 and 1024 with n_batch 256, n_ubatch 128 and flash attention 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
+import ipywidgets.widgets.widget as ipywidgets_widget
 import plotly.graph_objects as go
 import pytest
 from hypothesis import HealthCheck, given, settings
 from oracle_cases import case, recorded_max_nodes
 
+import toolkit
 from toolkit.context import Context
-from toolkit.errors import ParameterError
+from toolkit.errors import LogError, ParameterError
+from toolkit.explain import from_log
 from toolkit.ui.choices import make_context
 from toolkit.ui.controls import MODEL_PICKERS, parse_max_nodes, shown
 from toolkit.ui.dashboard import Dashboard
@@ -293,3 +298,59 @@ def test_compare_view_follows_previous_and_newest() -> None:
     dash.compare(0, 2)                                                    # a pick sticks
     dash.controls["n_ctx"].value = 2048
     assert dash.diff is not None and (dash.diff.a, dash.diff.b) == (0, 2)
+
+
+# a partial offload with op offload on: layers 0-1 on the CPU, 2-3 and the output on one RPC server
+LOG = Path(__file__).parent / "data" / "sched-debug" / "rpc1-small_f32-ngl3-c1024-b2048-ub512-faon-DEBUG.txt"
+# "<what> buffer size = X MiB (N bytes)": llama.cpp's lines, read here, not by the parser under test
+LOGGED_BYTES = re.compile(r"^(\S+):\s+(\S+)\s+(model|output|KV|compute) buffer size =\s+[\d.]+ MiB \((\d+) bytes\)")
+
+
+def logged_marks(dash: Dashboard) -> list[tuple[str, int]]:
+    mark = next(t for t in dash.figures["buffers"].data if t.name == "llama.cpp log")
+    return list(zip(mark.x, mark.customdata, strict=True))
+
+
+def test_a_log_opens_the_dashboard_with_its_buffers_as_reference_marks(tmp_path: Path) -> None:
+    dash = toolkit.dashboard(log=LOG, debounce_s=0)
+    assert dash.ctx.cparams == from_log(LOG).cparams and dash.ctx.cparams.n_gpu_layers == 3
+    expected = [(m.group(2), int(m.group(4))) for line in LOG.read_text().splitlines()
+                if (m := LOGGED_BYTES.match(line))]
+    assert len(expected) == 7 and logged_marks(dash) == expected
+    # the rebuilt context is the logged run: its bars stand at the marks
+    assert bars(dash)["compute allocated"] == [b for buft, b in expected[-2:]]
+    # one layer fewer on the GPU: the bars move, the marks stay at the logged run
+    dash.apply(n_gpu_layers=2)
+    assert dash.error is None and dash.ctx.cparams.n_gpu_layers == 2
+    assert bars(dash)["model"] != [b for _, b in expected[:2]]
+    assert logged_marks(dash) == expected
+    dash.apply(op_offload=False, n_ctx=512)
+    assert dash.error is None and logged_marks(dash) == expected
+    # the saved report carries them too
+    report = dash.save_html(tmp_path / "report.html").read_text()
+    assert '"name":"llama.cpp log"' in report and '"customdata":[39096320,39097344,128000' in report
+
+
+def test_a_bad_log_raises_before_any_widget() -> None:
+    cut = "\n".join(LOG.read_text().splitlines()[:300])     # stops before sched_reserve
+    before = len(ipywidgets_widget._instances)
+    with pytest.raises(LogError, match="compute buffer size"):
+        toolkit.dashboard(log=cut)
+    assert len(ipywidgets_widget._instances) == before
+    with pytest.raises(ParameterError, match="n_ctx"):
+        toolkit.dashboard(log=LOG, n_ctx=512)
+    with pytest.raises(ParameterError, match="devices"):
+        toolkit.dashboard(log=LOG, devices="sim:2")
+
+
+def test_a_moe_log_offers_n_cpu_moe() -> None:
+    # --n-cpu-moe 1 as the log shows it (three -ot overrides of layer 0's experts); the control adds layer 1's
+    moe_log = LOG.parent.parent / "logs" / "rpc1-tiny_moe_f32-ngl99-ncmoe1-oo1-c256-b512-ub512-faon-DEBUG.txt"
+    dash = toolkit.dashboard(log=moe_log, debounce_s=0)
+    assert "n_cpu_moe" in dash.controls and dash.controls["n_cpu_moe"].max == 2
+    marks = logged_marks(dash)
+    cpu = dash.ctx.model_buffers_bytes["CPU_Mapped"]
+    dash.apply(n_cpu_moe=2)
+    assert dash.error is None and dash.ctx.cparams.n_cpu_moe == 2
+    assert dash.ctx.model_buffers_bytes["CPU_Mapped"] > cpu and logged_marks(dash) == marks
+    assert "n_cpu_moe" not in make_dashboard()[1].controls       # a dense model has no experts to keep

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import pytest
 
 from toolkit.compare import compare
+from toolkit.explain import LoggedBuffer
 from toolkit.reuse import BufferSize, GraphRecord, Reason, ReserveEvent, SchedParams
 from toolkit.sched.plan import BufferPlan, Cause, NodePlacement, Plan, SplitInfo, SplitInput, TensorAlloc
 from toolkit.ui import figures, text
@@ -267,3 +268,26 @@ def test_two_graphs_in_the_text_forms() -> None:
     assert "nodes pp/tg=300/290 splits pp/tg=3/2" in ev.to_text()
     assert "(pp 3,145,728 B, tg 1,572,864 B)" in text.buffers_text([ev])
     assert "graphs: pp 300 nodes 3 splits, tg 290 nodes 2 splits" in figures.timeline([ev]).data[0].hovertext[0]
+
+
+def test_logged_buffer_sizes_are_reference_marks() -> None:
+    """A llama.cpp log's buffer sizes (plain data) drawn as one legend entry: a dash per buffer at the
+    logged bytes, a dashed line per compute buffer across the reserves; the bars are untouched."""
+    evs = sample_events()
+    logged = [LoggedBuffer("model", "CUDA0", 20 * MIB, 12), LoggedBuffer("compute", "CUDA0", 3 * MIB, 40),
+              LoggedBuffer("compute", "CPU", 65536, 41, exact=False)]
+    fig = figures.buffer_sizes(evs, logged)
+    marks = [t for t in fig.data if (t.meta or {}).get("kind") == figures.LOGGED]
+    assert [t.name for t in marks] == ["llama.cpp log", "llama.cpp log: CUDA0 compute", "llama.cpp log: CPU compute"]
+    dash = marks[0]
+    assert list(dash.x) == ["CUDA0", "CUDA0", "CPU"] and list(dash.customdata) == [20 * MIB, 3 * MIB, 65536]
+    assert list(dash.y) == [20.0, 3.0, 65536 / MIB] and dash.xaxis == "x"
+    assert "llama.cpp log" in dash.hovertext[0] and "line 12 of the log" in dash.hovertext[0]
+    assert "printed in MiB only" in dash.hovertext[2]
+    # across the reserves (0..3): flat at the logged value, on the history plot
+    line = marks[1]
+    assert line.xaxis == "x2" and list(line.x) == [-0.5, 3.5] and list(line.y) == [3.0, 3.0]
+    assert [m["bytes"] for m in fig.layout.meta["logged"]] == [20 * MIB, 3 * MIB, 65536]
+    plain = figures.buffer_sizes(evs)
+    assert [t.name for t in fig.data if t not in marks] == [t.name for t in plain.data]
+    assert plain.layout.meta["logged"] == [] and not [t for t in plain.data if "llama.cpp" in (t.name or "")]

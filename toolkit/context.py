@@ -236,6 +236,9 @@ class Context:
             # n_layer_all + 1 offloads every layer and the output layer, as any larger number does
             Control("n_gpu_layers", "count", cp.n_gpu_layers, "n_gpu_layers", 0, hp.n_layer_all + 1,
                     every=DEFAULT_N_GPU_LAYERS, carry=True),
+            # --n-cpu-moe N (common_arg's "-ncmoe"): the expert weights of the first N layers stay on the CPU
+            *((Control("n_cpu_moe", "count", cp.n_cpu_moe, "n_cpu_moe", 0, hp.n_layer),) if hp.moe is not None
+              else ()),
         )
         return ContextSettings(hp.name, controls, ("layer", "split", "none"),
                                ModelSettings(hp.name, hp.n_layer, hp, cp, self.gguf_path),

@@ -9,7 +9,7 @@ the toolkit's (:class:`Explanation`).
 """
 
 from toolkit.explain.compare import Compared, Explanation, explain
-from toolkit.explain.parse import ParsedLog, parse_log
+from toolkit.explain.parse import LoggedBuffer, ParsedLog, parse_log
 from toolkit.explain.rebuild import LoggedRun, from_log
 
-__all__ = ["Compared", "Explanation", "LoggedRun", "ParsedLog", "explain", "from_log", "parse_log"]
+__all__ = ["Compared", "Explanation", "LoggedBuffer", "LoggedRun", "ParsedLog", "explain", "from_log", "parse_log"]

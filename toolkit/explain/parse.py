@@ -67,6 +67,19 @@ class Logged:
     exact: bool = True
 
 
+@dataclass(frozen=True)
+class LoggedBuffer:
+    """One buffer size the log printed, as plain data for a reference mark: ``group`` (model, output,
+    KV, RS or compute, the memory groups of a ReserveEvent), ``buft`` (the buffer type's name as
+    llama.cpp printed it), ``nbytes`` and the 1-based ``line``; ``exact`` as in :class:`Logged`."""
+
+    group: str
+    buft: str
+    nbytes: int
+    line: int
+    exact: bool = True
+
+
 @dataclass
 class ParsedLog:
     """What a start-up log says, line by line (see the module docstring)."""
@@ -104,6 +117,15 @@ class ParsedLog:
     breakdown: list[str] = field(default_factory=list)
     fit_lines: list[str] = field(default_factory=list)
     unknown: list[int] = field(default_factory=list)
+
+    def buffers(self) -> list[LoggedBuffer]:
+        """Every buffer size the log printed (``load_tensors``, ``llama_context``, ``llama_kv_cache``,
+        ``llama_memory_recurrent``, ``sched_reserve``), in that order."""
+        groups: list[tuple[str, dict[str, Logged]]] = [("model", self.model_buffers),
+                                                       ("output", self.output_buffers)]
+        groups += [("KV", kv) for kv in self.kv_buffers]
+        groups += [("RS", self.rs_buffers), ("compute", self.compute_buffers)]
+        return [LoggedBuffer(g, buft, lg.value, lg.line, lg.exact) for g, bufs in groups for buft, lg in bufs.items()]
 
     def first_line(self, kind: str) -> bool:
         return bool({
@@ -235,4 +257,4 @@ def _take(p: ParsedLog, kind: str, m: re.Match[str], i: int, s: str) -> None:  #
         p.fit_lines.append(s)
 
 
-__all__ = ["Logged", "ParsedLog", "parse_log", "read_text"]
+__all__ = ["Logged", "LoggedBuffer", "ParsedLog", "parse_log", "read_text"]

@@ -31,9 +31,9 @@ from toolkit.view import ContextSettings, Control, ModelSettings
 MODEL_PICKERS = ("model", "gguf")
 # how the controls are laid out, row by row (a control no row names goes in a last row)
 ROWS = (("model", "gguf", "devices", "budget_mib", "placement"), ("max_nodes", "parallel", "op_offload"),
-        ("n_ctx", "n_batch", "n_ubatch"), ("flash_attn", "n_gpu_layers"))
+        ("n_ctx", "n_batch", "n_ubatch"), ("flash_attn", "n_gpu_layers", "n_cpu_moe"))
 LABELS = {"parallel": "pipeline parallelism", "op_offload": "op offload", "flash_attn": "flash attention",
-          "budget_mib": "budget MiB (0 = none)"}
+          "budget_mib": "budget MiB (0 = none)", "n_cpu_moe": "n_cpu_moe (expert layers on CPU)"}
 POW2 = tuple(2 ** k for k in range(0, 18))
 STYLE = {"description_width": "initial"}
 

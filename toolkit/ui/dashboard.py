@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import html
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +29,7 @@ import ipywidgets as W
 
 from toolkit.compare import EventDiff
 from toolkit.errors import ParameterError, ToolkitError
+from toolkit.explain import LoggedBuffer, from_log
 from toolkit.reuse import ContextView
 from toolkit.sched.explain import NodeExplanation
 from toolkit.trace.api import Traced
@@ -72,13 +73,16 @@ class Dashboard:
 
     ``debounce_s`` is how long a burst of changes is collected before one reserve runs; with
     0 (or outside a running event loop, as in tests) every change reserves at once. ``collapse``:
-    how the split map groups nodes (None: the first of the context's groupings).
+    how the split map groups nodes (None: the first of the context's groupings). ``logged``: buffer
+    sizes a llama.cpp log printed (``toolkit.explain``), kept as reference marks on the buffer figure.
     """
 
     def __init__(self, ctx: SettingsContext | Traced, *, model: str | None = None, devices: str | None = None,
                  budget_mib: float | None = None, debounce_s: float = 0.15, collapse: Collapse | None = None,
-                 fig_width: int = 960, context_factory: Callable[..., Any] = make_context) -> None:
+                 fig_width: int = 960, context_factory: Callable[..., Any] = make_context,
+                 logged: Sequence[LoggedBuffer] = ()) -> None:
         self.ctx: SettingsContext = _as_context(ctx, devices, budget_mib)
+        self.logged = tuple(logged)
         self.fig_width = fig_width
         self.debounce_s = debounce_s
         self.error: str | None = None
@@ -105,7 +109,7 @@ class Dashboard:
         self.errors = W.HTML().add_class("toolkit-error")
         self.sched_info = W.HTML().add_class("toolkit-sched-info")
         groupings = s.groupings if collapse is None else (collapse, *(g for g in s.groupings if g != collapse))
-        self.plots = FigurePanel(groupings, self.fig_width, self.explain)
+        self.plots = FigurePanel(groupings, self.fig_width, self.explain, self.logged)
         self.figures, self.collapse = self.plots.figures, self.plots.collapse
         self.collapse.observe(lambda _ch: self._draw(force=True), names=["value"])
         # inspect: a click on a node (split map) or a tensor (memory layout) explains it here
@@ -278,7 +282,7 @@ class Dashboard:
         from toolkit.ui import share
 
         devices = self.controls["devices"].value
-        return share.save_html(path, [share.section_of(self.ctx, self._model)],
+        return share.save_html(path, [share.section_of(self.ctx, self._model, self.logged)],
                                title=f"toolkit report: {self._model} on {devices}", meta={"devices": str(devices)})
 
     # ---------------------------------------------------------------- runtime
@@ -303,15 +307,26 @@ class Dashboard:
         return f"Dashboard(model={self._model!r}, devices={devices!r}, events={len(self.ctx.events)})"
 
 
-def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: float | None = None, *,
-              debounce_s: float = 0.15, **cparams: Any) -> Dashboard:
+def dashboard(model: Any = None, devices: str | None = "cpu", budget_mib: float | None = None, *,
+              log: str | Path | None = None, debounce_s: float = 0.15, **cparams: Any) -> Dashboard:
     """One line in a notebook: a planning-only Context for ``model`` and its dashboard.
 
-    ``model``: tiny / small / Llama-3-8B-shaped / 70B-shaped (or llama3_8b, llama3_70b), or a .gguf path;
-    or a traced JAX function (``toolkit.trace(f, ...)``, on ``devices``; None keeps its backends) or a
-    ``TracedContext``. ``devices``: cpu, rpc:N or sim:N; ``budget_mib``: each device's compute memory budget.
+    ``model``: tiny (the default) / small / Llama-3-8B-shaped / 70B-shaped (or llama3_8b, llama3_70b), or a
+    .gguf path; or a traced JAX function (``toolkit.trace(f, ...)``, on ``devices``; None keeps its backends) or
+    a ``TracedContext``. ``devices``: cpu, rpc:N or sim:N; ``budget_mib``: each device's compute memory budget.
     Other keywords are context parameters (n_ctx=..., n_ubatch=..., flash_attn=...).
+
+    ``log``: a llama.cpp start-up log (its text or a path): the dashboard opens on the context the log
+    describes (:func:`toolkit.from_log`; ``model`` may name the run's GGUF file) with the log's buffer
+    sizes as reference marks ("llama.cpp log") on the buffer figure, which stay where they are while
+    the controls move. The log sets the devices and context parameters, so none may be given with it;
+    a log that cannot be read raises from_log's :class:`~toolkit.errors.ToolkitError` before any widget
+    is built.
     """
+    if log is not None:
+        return _dashboard_of_log(log, model, devices, budget_mib, debounce_s, cparams)
+    if model is None:
+        model = "tiny"
     if not isinstance(model, str):
         if cparams:
             raise ParameterError(", ".join(cparams), "given", "no context parameters for a traced function "
@@ -321,3 +336,18 @@ def dashboard(model: Any = "tiny", devices: str | None = "cpu", budget_mib: floa
         devices = "cpu"
     ctx = make_context(model, devices, budget_mib, **cparams)
     return Dashboard(ctx, model=model, debounce_s=debounce_s)
+
+
+def _dashboard_of_log(log: str | Path, model: Any, devices: str | None, budget_mib: float | None,
+                      debounce_s: float, cparams: dict[str, Any]) -> Dashboard:
+    """:func:`dashboard` with ``log=``: the rebuilt context, the logged buffer sizes as marks."""
+    given = [*cparams, *(["devices"] if devices not in (None, "cpu") else []),
+             *(["budget_mib"] if budget_mib is not None else [])]
+    if given:
+        raise ParameterError(", ".join(given), "given with log=", "no devices or context parameters besides "
+                             "log= (the log sets them; move the controls once the dashboard is open)")
+    if model is not None and not (isinstance(model, (str, Path)) and str(model).lower().endswith(".gguf")):
+        raise ParameterError("model", model, "None or the .gguf file the logged run loaded, with log=")
+    run = from_log(log, model)
+    ctx = run.context()
+    return Dashboard(ctx, debounce_s=debounce_s, logged=run.log.buffers())

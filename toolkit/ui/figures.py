@@ -15,6 +15,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from toolkit.explain.parse import LoggedBuffer
 from toolkit.fit import FitResult
 from toolkit.reuse import COMPUTE_GROUP, CompileEvent, ReserveEvent
 from toolkit.sched.explain import parse_copy_name
@@ -36,6 +37,8 @@ from toolkit.ui.style import (
     size_label,
 )
 
+# the name (legend entry and hover title) of the marks a llama.cpp log's buffer sizes leave on the figures
+LOGGED = "llama.cpp log"
 # the fill of each graph's "compute needed" bars, in the reserve's graph order (pp plain, tg hatched)
 GRAPH_PATTERNS = ("", "/", "x", ".", "+")
 
@@ -130,12 +133,17 @@ def _buft_order(ev: ReserveEvent) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
+def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] = ()) -> go.Figure:
     """Left: the newest reserve's buffers per buffer type (compute allocated, needed by each graph
     the reserve planned, one trace per graph label, then one trace per memory group: model, KV,
     KV-SWA, ..., output; and the scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
     buffer type across events -- under reuse the allocated line stays at its maximum (a kept
-    scheduler's buffers only grow, llama.cpp #32009)."""
+    scheduler's buffers only grow, llama.cpp #32009).
+
+    ``logged``: the buffer sizes a llama.cpp start-up log printed (``toolkit.explain``), drawn as
+    reference marks named :data:`LOGGED`: a dash per buffer at the logged bytes (left) and a dashed
+    line per compute buffer across the reserves (right). They are plain data handed in, the same
+    whatever the events show, so a changed control reads against the logged run."""
     # built as plain dicts and validated once: make_subplots and update_* calls each re-validate the
     # figure, which took most of this figure's drawing time on an 8B graph
     layout = base_layout("buffer sizes", height=340, barmode="group")
@@ -208,8 +216,37 @@ def buffer_sizes(events: Sequence[ReserveEvent]) -> go.Figure:
     # reserve numbers are whole: one tick per reserve on short logs, integer labels always
     layout["xaxis2"].update(title={"text": "reserve #", "font": {"color": NEUTRAL_TEXT}}, tickformat="d",
                             dtick=1 if len(good) <= 20 else None)
-    layout["meta"] = {"event": ev.index, "text": text.buffers_text(upto)}
+    traces += _logged_marks(logged, [e.index for e in good], {c: backend_colour(i) for i, c in
+                                                                enumerate(c for c in cats if c in alloc)})
+    layout["meta"] = {"event": ev.index, "text": text.buffers_text(upto),
+                      "logged": [{"group": m.group, "buft": m.buft, "bytes": m.nbytes, "line": m.line} for m in logged]}
     return go.Figure(data=traces, layout=layout)
+
+
+def _logged_marks(logged: Sequence[LoggedBuffer], reserves: Sequence[int],
+                  colours: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The reference marks of :func:`buffer_sizes` (one legend entry for all of them)."""
+    if not logged:
+        return []
+
+    def hover(m: LoggedBuffer) -> str:
+        return (f"<b>{LOGGED}</b> · {m.group} · {m.buft}<br>{size_label(m.nbytes)}"
+                f"{'' if m.exact else ' (printed in MiB only)'}<br>line {m.line} of the log")
+
+    traces: list[dict[str, Any]] = [{
+        "type": "scatter", "x": [m.buft for m in logged], "y": [m.nbytes / MIB for m in logged],
+        "mode": "markers", "name": LOGGED, "legendgroup": LOGGED, "customdata": [m.nbytes for m in logged],
+        "marker": {"symbol": "line-ew", "size": 28, "color": NEUTRAL_TEXT, "line": {"width": 3, "color": NEUTRAL_TEXT}},
+        "hovertext": [hover(m) for m in logged], "hoverinfo": "text", "meta": {"kind": LOGGED},
+        "xaxis": "x", "yaxis": "y"}]
+    x0, x1 = (min(reserves), max(reserves)) if reserves else (0, 0)
+    for m in (m for m in logged if m.group == "compute"):
+        traces.append({"type": "scatter", "x": [x0 - 0.5, x1 + 0.5], "y": [m.nbytes / MIB] * 2, "mode": "lines",
+                       "name": f"{LOGGED}: {m.buft} compute", "legendgroup": LOGGED, "showlegend": False,
+                       "line": {"color": colours.get(m.buft, NEUTRAL_TEXT), "width": 1.5, "dash": "dash"},
+                       "customdata": [m.nbytes] * 2, "hovertext": [hover(m)] * 2, "hoverinfo": "text",
+                       "meta": {"kind": LOGGED}, "xaxis": "x2", "yaxis": "y2"})
+    return traces
 
 
 def _spaced_ticks(starts: Sequence[tuple[str, int]], n_nodes: int, width: int) -> list[tuple[str, int]]:
@@ -436,4 +473,4 @@ def fit_probes(result: FitResult) -> go.Figure:
     return go.Figure(data=traces, layout=layout)
 
 
-__all__ = ["badge", "buffer_sizes", "fit_probes", "memory_layout", "split_map", "timeline"]
+__all__ = ["LOGGED", "badge", "buffer_sizes", "fit_probes", "memory_layout", "split_map", "timeline"]

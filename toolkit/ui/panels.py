@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from toolkit.compare import EventDiff, compare, default_pair
 from toolkit.errors import ParameterError
+from toolkit.explain.parse import LoggedBuffer
 from toolkit.reuse import CompileEvent, ReserveEvent
 from toolkit.sched.explain import NodeExplanation, explain
 from toolkit.sched.plan import Plan
@@ -37,13 +38,16 @@ FIGURES = ("timeline", "buffers", "split_map", "memory_layout")
 
 
 class FigurePanel:
-    """The timeline, buffer, split-map and memory-layout figures of a context's newest reserve.
+    """The timeline, buffer, split-map and memory-layout figures of a context's newest reserve
+    (with ``logged``, a llama.cpp log's buffer sizes marked on the buffer figure).
 
     A click on a node (split map) or a tensor (memory layout) calls ``on_pick`` with what the
     point names: a node index, a tensor name or ``"split:K"``."""
 
-    def __init__(self, groupings: Sequence[Collapse], width: int, on_pick: Callable[[int | str], object]) -> None:
+    def __init__(self, groupings: Sequence[Collapse], width: int, on_pick: Callable[[int | str], object],
+                 logged: Sequence[LoggedBuffer] = ()) -> None:
         self.width = width
+        self.logged = tuple(logged)   # a llama.cpp log's buffer sizes: reference marks, the same on every draw
         self.on_pick = on_pick
         self.figures: dict[str, go.FigureWidget] = {name: go.FigureWidget() for name in FIGURES}
         for name, fw in self.figures.items():
@@ -65,7 +69,7 @@ class FigurePanel:
         collapse: Collapse = self.collapse.value
         w = self.width
         replace_figure(self.figures["timeline"], figures.timeline(list(events), list(compile_events)), w)
-        replace_figure(self.figures["buffers"], figures.buffer_sizes(list(events)), w)
+        replace_figure(self.figures["buffers"], figures.buffer_sizes(list(events), self.logged), w)
         self.plan = plan
         # the same placements and allocations draw the same split map and layout (a reuse that only
         # moved max_nodes, a CPU-only op offload toggle): compare the plans (frozen data, < 1 ms on

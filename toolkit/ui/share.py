@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from toolkit.compare import compare, default_pair
 from toolkit.errors import ToolkitError
+from toolkit.explain.parse import LoggedBuffer
 from toolkit.reuse import ReserveEvent
 from toolkit.ui import figures, text
 from toolkit.ui.layers import Collapse
@@ -31,11 +32,13 @@ from toolkit.view import ContextSettings
 
 @dataclass(frozen=True)
 class Section:
-    """One context in the report: a title, its events and the parameters it was created with."""
+    """One context in the report: a title, its events and the parameters it was created with
+    (``logged``: a llama.cpp log's buffer sizes, marked on the buffer figure)."""
 
     title: str
     events: tuple[ReserveEvent, ...]
     params: tuple[tuple[str, str], ...]
+    logged: tuple[LoggedBuffer, ...] = ()
 
 
 class Reported(Protocol):
@@ -65,9 +68,9 @@ def _params_of(ctx: Reported) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def section_of(ctx: Reported, title: str | None = None) -> Section:
+def section_of(ctx: Reported, title: str | None = None, logged: Sequence[LoggedBuffer] = ()) -> Section:
     """A report section for a Context or a TracedContext (its events and parameters)."""
-    return Section(title or ctx.settings().title, tuple(ctx.events), _params_of(ctx))
+    return Section(title or ctx.settings().title, tuple(ctx.events), _params_of(ctx), tuple(logged))
 
 
 def _figure_div(fig: go.Figure, div_id: str) -> str:
@@ -82,7 +85,7 @@ def section_html(sec: Section, k: int, collapse: Collapse = "layer") -> str:
         return (f"<section class='toolkit-report-section'><h2>{html.escape(sec.title)}</h2><p>no reserve</p>"
                 f"<h3>parameters</h3><table class='toolkit-report-params'>{rows}</table></section>")
     plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
-    figs = {"timeline": figures.timeline(events), "buffers": figures.buffer_sizes(events),
+    figs = {"timeline": figures.timeline(events), "buffers": figures.buffer_sizes(events, sec.logged),
             "split_map": figures.split_map(plan, collapse), "memory_layout": figures.memory_layout(plan)}
     pair = default_pair(events)
     diff = text.diff_text(compare(events[pair[0]], events[pair[1]], events)) if pair else "fewer than two reserves"
