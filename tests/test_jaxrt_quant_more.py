@@ -5,6 +5,7 @@ float64 numpy forward over the dequantized weights."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,62 @@ def test_tiny_llama_logits_equal_a_float64_forward(type_: GGMLType, tmp_path: Pa
     err = np.abs(got - want).max() / want.std()
     print(f"{type_.name}: max|diff|/std = {err:.2e}")
     assert want.std() > 0.1 and err < 1e-2, err
+
+
+# ---- NVFP4's per-tensor scales (build_lora_mm's w_s) ----------------------------------------------
+
+SCALED = ("blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight", "blk.1.ffn_down.weight",
+          "blk.1.ffn_gate.weight", "output.weight")
+
+
+def test_nvfp4_weight_scales_add_one_mul_each_and_scale_the_logits(tmp_path: Path, jax_cache: None) -> None:
+    """A ``<weight>.scale`` (F32 [1]) beside six NVFP4 weights: llama_model's generic pass loads each
+    (TENSOR_NOT_REQUIRED) and build_lora_mm adds one MUL after each MUL_MAT: the graph has six nodes more than
+    the same file without them, the model buffers hold them, and the logits are a float64 forward over the
+    weights times their scales."""
+    import dataclasses
+
+    from toolkit.cases import summary
+    from toolkit.context import Context
+    from toolkit.models import ContextParams
+
+    hp = tiny_of(GGMLType.NVFP4)
+    vals = block_weights(hp)
+    plain, scaled = tmp_path / "plain.gguf", tmp_path / "scaled.gguf"
+    write_gguf(plain, hp, vals)
+    hps = dataclasses.replace(hp, weight_scales=frozenset(SCALED))
+    factors = {n.removesuffix(".weight") + ".scale": np.asarray([0.5 + 0.25 * i], np.float32)
+               for i, n in enumerate(SCALED)}
+    write_gguf(scaled, hps, {**vals, **factors})
+    got_hp = read_gguf(scaled).hparams
+    assert got_hp.weight_scales == frozenset(SCALED)
+    assert HParams.from_dict(json.loads(json.dumps(got_hp.to_dict()))).weight_scales == frozenset(SCALED)
+    cp = ContextParams(n_ctx=256, n_batch=256, n_ubatch=256, use_mmap=False)
+    a, b = summary(Context(str(plain), cp)), summary(Context(str(scaled), cp))
+    assert b["graph_nodes"] == a["graph_nodes"] + len(SCALED)
+    assert b["graph_nodes_tg"] == a["graph_nodes_tg"] + len(SCALED)
+    assert sum(b["model_buffers_bytes"].values()) == sum(a["model_buffers_bytes"].values()) + 32 * len(SCALED)
+    w = {n: (reference(v, GGMLType.NVFP4).reshape(v.shape[0], -1) if v.dtype == np.uint8 else v)
+         for n, v in vals.items()}
+    for n in SCALED:
+        w[n] = w[n] * factors[n.removesuffix(".weight") + ".scale"][0]
+    rt = make_runtime(str(scaled), devices=("sim",), ngl=2)
+    got = rt.decode(PROMPT)
+    want = llama_forward64(w, hp, PROMPT)
+    err = np.abs(got - want).max() / want.std()
+    assert want.std() > 0.1 and err < 1e-2, err
+    plain_logits = llama_forward64({n: v for n, v in w.items() if n not in SCALED} | {
+        n: (reference(vals[n], GGMLType.NVFP4).reshape(vals[n].shape[0], -1)) for n in SCALED}, hp, PROMPT)
+    assert np.abs(plain_logits - want).max() / want.std() > 0.1   # the scales change the result
+
+
+def test_weight_scales_in_a_graph_that_does_not_apply_them_are_refused(tmp_path: Path) -> None:
+    """An architecture not marked ``scaled_mm`` (gemma3 here: its graph with scales is not checked against
+    llama.cpp's) refuses a file with weight scales with a typed error rather than risk leaving one out."""
+    from toolkit.errors import UnsupportedFeature
+
+    hp = HParams(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, n_vocab=64, arch="gemma3", name="g3",
+                 weight_scales={"blk.0.attn_q.weight"})
+    write_gguf(tmp_path / "g3.gguf", hp)
+    with pytest.raises(UnsupportedFeature, match="blk.0.attn_q.weight has a .scale tensor"):
+        read_gguf(tmp_path / "g3.gguf")

@@ -12,6 +12,7 @@ which raise a typed error for a key of the wrong type.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
 from toolkit.models.gguf_file import GGUFFile, get_key_or_arr, open_gguf
-from toolkit.models.hparams import HParams
+from toolkit.models.hparams import SCALED_LAYER_WEIGHTS, HParams
 
 
 def weight_types(f: GGUFFile) -> tuple[GGMLType, dict[str, GGMLType]]:
@@ -116,9 +117,31 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = ()) -> dict[str, 
         # a split model: the shard of every tensor (the mmap'ed CPU buffers are one per file)
         **({"tensor_files": {n: t.file_index for n, t in f.tensors.items()}} if len(f.shards) > 1 else {}),
     }
+    scales = weight_scales(f)
+    if scales:
+        out["weight_scales"] = scales
     if "rope_freqs.weight" in f.tensors:
         out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
     return out
+
+
+_LAYER_SCALE = re.compile(r"^blk\.(\d+)\.(\w+)\.scale$")
+
+
+def weight_scales(f: GGUFFile) -> frozenset[str]:
+    """The weights of ``SCALED_LAYER_WEIGHTS`` whose per-tensor ``.scale`` the file has, and ``output.weight``
+    when it is NVFP4 and ``output.scale`` is there (the generic pass creates ``output_s`` only then). Other
+    ``.scale`` tensors stay the architecture's (gemma4's router and expert scales) or are refused as extra
+    tensors (the experts' ``ffn_*_exps.scale`` of build_lora_mm_id, the ``.input_scale`` tensors: not built)."""
+    out = set()
+    for name in f.tensors:
+        m = _LAYER_SCALE.match(name)
+        if m and m.group(2) in SCALED_LAYER_WEIGHTS and f"blk.{m.group(1)}.{m.group(2)}.weight" in f.tensors:
+            out.add(f"blk.{m.group(1)}.{m.group(2)}.weight")
+    out_w = f.tensors.get("output.weight")
+    if "output.scale" in f.tensors and out_w is not None and out_w.type is GGMLType.NVFP4:
+        out.add("output.weight")
+    return frozenset(out)
 
 
 def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
@@ -149,8 +172,12 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
     except ValueError as e:
         raise GGUFError(f.path, f"inconsistent hyperparameters: {e}", None, f.arch_key("*")) from None
     arch.check(hp)
+    if hp.weight_scales and not arch.scaled_mm:
+        raise UnsupportedFeature("weight scales", f"{f.path}: {sorted(hp.weight_scales)[0]} has a .scale tensor; "
+                                 f"the {name} graph does not multiply by weight scales (build_lora_mm's w_s)")
     check_shapes(f, arch.weights(hp))
     return hp
 
 
-__all__ = ["check_shapes", "common_hparams", "get_key_or_arr", "hparams_from_gguf", "n_vocab", "weight_types"]
+__all__ = ["check_shapes", "common_hparams", "get_key_or_arr", "hparams_from_gguf", "n_vocab",
+           "weight_scales", "weight_types"]

@@ -158,7 +158,14 @@ class GraphBuilder:
         m = self.model
         res.embd = cur = self.build_output_norm(res, cur)
         assert m.output is not None
-        res.logits = self.cb(res, ops.mul_mat(m.output, cur), "result_output", -1)
+        res.logits = self.cb(res, self.build_lora_mm(m.output, cur, "output.scale"), "result_output", -1)
+
+    def build_lora_mm(self, w: Tensor, cur: Tensor, scale: str) -> Tensor:
+        """``llm_graph_context::build_lora_mm`` without adapters: MUL_MAT(w, cur), then a MUL by the weight's
+        per-tensor scale (``w_s``, F32 [1]) when the model has the tensor named ``scale``."""
+        out = ops.mul_mat(w, cur)
+        s = self.model.tensors.get(scale)
+        return out if s is None else ops.mul(out, s)
 
     def build_output_norm(self, res: GraphResult, cur: Tensor) -> Tensor:
         """The output norm after the layers, named ``result_norm`` (an architecture that picks the output
@@ -280,6 +287,8 @@ class GraphBuilder:
         self.cb(res, cur, "kqv_out", il)
         if wo is not None:
             cur = ops.mul_mat(wo, cur)
+            if wo_s is None and wo.name.endswith(".attn_output.weight"):   # the generic pass's wo_s
+                wo_s = self.model.tensors.get(wo.name.removesuffix(".weight") + ".scale")
             if wo_s is not None:
                 cur = ops.mul(cur, wo_s)
         if wo_b is not None:
@@ -300,8 +309,8 @@ class GraphBuilder:
         """``build_ffn(LLM_FFN_SILU | LLM_FFN_GELU, LLM_FFN_PAR)``: up, gate, swiglu/geglu(gate, up), down."""
         p = f"blk.{il}."
         m, cb = self.model, self.cb
-        tmp = cb(res, ops.mul_mat(m.w(p + "ffn_up.weight"), cur), "ffn_up", il)
-        cur = cb(res, ops.mul_mat(m.w(p + "ffn_gate.weight"), cur), "ffn_gate", il)
+        tmp = cb(res, self.build_lora_mm(m.w(p + "ffn_up.weight"), cur, p + "ffn_up.scale"), "ffn_up", il)
+        cur = cb(res, self.build_lora_mm(m.w(p + "ffn_gate.weight"), cur, p + "ffn_gate.scale"), "ffn_gate", il)
         if act == "silu":
             cur = cb(res, ops.swiglu_split(cur, tmp), "ffn_swiglu", il)
         elif act == "gelu":
@@ -309,7 +318,7 @@ class GraphBuilder:
         else:
             raise ValueError(f"FFN activation {act!r} is not built; known: silu, gelu")
         # llama.cpp names the product "ffn_down" only with a down bias; the caller names what it returns
-        return ops.mul_mat(m.w(p + "ffn_down.weight"), cur)
+        return self.build_lora_mm(m.w(p + "ffn_down.weight"), cur, p + "ffn_down.scale")
 
     # ---- the KV cache (llama_kv_cache::cpy_k / cpy_v / get_k / get_v) ----------------------------
     def _cpy_k(self, kv: KVCache, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
@@ -404,7 +413,7 @@ class GraphBuilder:
         Hk, Hv, n_tokens = hp.n_embd_head_k, hp.n_embd_head_v, cur.ne[1]
         proj = []
         for role, name in (("q", "Qcur"), ("k", "Kcur"), ("v", "Vcur")):
-            t = cb(res, ops.mul_mat(m.w(f"{p}attn_{role}.weight"), cur), name, il)
+            t = cb(res, self.build_lora_mm(m.w(f"{p}attn_{role}.weight"), cur, f"{p}attn_{role}.scale"), name, il)
             if bias:
                 t = cb(res, ops.add(t, m.w(f"{p}attn_{role}.bias")), name, il)
             proj.append(t)

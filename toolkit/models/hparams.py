@@ -32,7 +32,7 @@ sequence of ``n_layer`` values (stored as ``n_head_arr`` & co.: an int when ever
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +224,11 @@ class WeightInfo:
         return n
 
 
+# the dense weights whose "<weight>.scale" llama_model::load_tensors' generic pass creates, in its order
+# (layer.wq_s, wk_s, wv_s, wo_s, ffn_gate_s, ffn_down_s, ffn_up_s); build_lora_mm multiplies by them
+SCALED_LAYER_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up")
+
+
 @dataclass(frozen=True, init=False)
 class HParams:
     """The hyperparameters llama.cpp reads from a GGUF (``llama_hparams``, ``print_info``)."""
@@ -260,6 +265,9 @@ class HParams:
     n_layer_nextn: int = 0
     # the shard (file index) of each tensor of a split GGUF (llama_tensor_weight::idx); empty: one file
     tensor_files: Mapping[str, int] = field(default_factory=dict)
+    # the weights whose per-tensor "<name>.scale" (F32 [1], NVFP4's second-level scale) the file has: the
+    # optional tensors llama_model::load_tensors' generic pass creates (TENSOR_NOT_REQUIRED), by weight name
+    weight_scales: frozenset[str] = frozenset()
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -274,7 +282,7 @@ class HParams:
                  recurrent: RecurrentParams | None = None, rope_sections: Sequence[int] | None = None,
                  n_layer_nextn: int = 0, n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None,
-                 tensor_files: Mapping[str, int] | None = None) -> None:
+                 tensor_files: Mapping[str, int] | None = None, weight_scales: Iterable[str] = ()) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
         for f, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_vocab", n_vocab), ("n_ctx_train", n_ctx_train)):
@@ -302,7 +310,8 @@ class HParams:
                        ("final_logit_softcapping", float(final_logit_softcapping)), ("attn_v_full", attn_v_full),
                        ("recurrent", recurrent),
                        ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections)),
-                       ("n_layer_nextn", n_layer_nextn), ("tensor_files", dict(tensor_files or {}))):
+                       ("n_layer_nextn", n_layer_nextn), ("tensor_files", dict(tensor_files or {})),
+                       ("weight_scales", frozenset(weight_scales))):
             s(self, k, val)
         self._check()
 
@@ -503,6 +512,7 @@ class HParams:
                 # print_info's n_layer_all (absent: no NextN/MTP blocks)
                 n_layer_nextn=int(d.get("n_layer_all", d["n_layer"])) - int(d["n_layer"]),
                 tensor_files={str(k): int(v) for k, v in (d.get("tensor_files") or {}).items()},
+                weight_scales=[str(x) for x in d.get("weight_scales") or ()],
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -530,6 +540,7 @@ class HParams:
             **({"rope_sections": list(self.rope_sections)} if self.rope_sections is not None else {}),
             **({"n_layer_all": self.n_layer_all} if self.n_layer_nextn else {}),
             **({"tensor_files": dict(self.tensor_files)} if self.tensor_files else {}),
+            **({"weight_scales": sorted(self.weight_scales)} if self.weight_scales else {}),
         }
 
 

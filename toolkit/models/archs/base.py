@@ -32,7 +32,7 @@ from toolkit.errors import ToolkitError
 from toolkit.ggml.types import F32
 from toolkit.models import moe as moe_ffn
 from toolkit.models.graph import GraphBuilder
-from toolkit.models.hparams import ROPE_FREQS_LAYER, HParams, WeightInfo
+from toolkit.models.hparams import ROPE_FREQS_LAYER, SCALED_LAYER_WEIGHTS, HParams, WeightInfo
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import Memory
 
@@ -78,6 +78,8 @@ class Architecture(abc.ABC):
     # MoE tensors build_moe_ffn's plain path lacks that this architecture builds (gemma4: the merged
     # ffn_gate_up_exps); toolkit.models.moe.from_gguf refuses them in any other architecture's file
     moe_tensors: tuple[str, ...] = ()
+    # the graph multiplies each projection by its weight's ``.scale`` when the file has one (build_lora_mm's w_s)
+    scaled_mm: bool = False
 
     @abc.abstractmethod
     def layer_tensors(self, hp: HParams, il: int) -> list[TensorSpec]:
@@ -127,10 +129,16 @@ class Architecture(abc.ABC):
                     out.append(WeightInfo(name, t.ne, F32, il, t.op, skip=hp.is_nextn(il)))
                 else:
                     out.append(hp.weight(name, t.ne, il, t.op))
+            # llama_model::load_tensors' generic pass after load_arch_tensors: the optional per-tensor scales
+            for suffix in SCALED_LAYER_WEIGHTS:
+                if f"blk.{il}.{suffix}.weight" in hp.weight_scales:
+                    out.append(WeightInfo(f"blk.{il}.{suffix}.scale", (1,), F32, il, "MUL", skip=hp.is_nextn(il)))
         # the output layer is n_layer_all (llama_model::load_tensors: dev_output = get_layer_buft_list(n_layer_all))
         out.append(hp.weight("output_norm.weight", (E,), hp.n_layer_all, "MUL"))
         if not hp.tied:
             out.append(hp.weight("output.weight", (E, hp.n_vocab), hp.n_layer_all))
+            if "output.weight" in hp.weight_scales:   # output_s, created for an NVFP4 output only
+                out.append(WeightInfo("output.scale", (1,), F32, hp.n_layer_all, "MUL"))
         for w in out:
             if w.ne[0] % w.type.blck_size:
                 raise ToolkitError(f"{w.name}: row of {w.ne[0]} elements is not a multiple of {w.type.name}'s "

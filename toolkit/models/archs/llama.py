@@ -87,7 +87,7 @@ class Llama(Architecture):
         return layer_tensors(hp, il)
 
 
-LLAMA = Llama("llama", LlamaGraphBuilder, ROPE_TYPE_NORM)
+LLAMA = Llama("llama", LlamaGraphBuilder, ROPE_TYPE_NORM, scaled_mm=True)
 ARCHITECTURES = (LLAMA,)
 
 __all__ = ["ARCHITECTURES", "LLAMA", "Llama", "LlamaGraphBuilder", "layer_tensors"]

@@ -96,8 +96,9 @@ class Qwen3(Architecture):
             raise ToolkitError(f"{self.name} needs experts: n_expert must be > 0 (llama.cpp refuses the model)")
 
 
-QWEN3 = Qwen3("qwen3", Qwen3GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True)
-QWEN3MOE = Qwen3("qwen3moe", Qwen3GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True, experts=True)
+QWEN3 = Qwen3("qwen3", Qwen3GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True, scaled_mm=True)
+QWEN3MOE = Qwen3("qwen3moe", Qwen3GraphBuilder, ROPE_TYPE_NEOX, qk_norm=True, experts=True,
+                  scaled_mm=True)
 ARCHITECTURES = (QWEN3, QWEN3MOE)
 
 __all__ = ["ARCHITECTURES", "QWEN3", "QWEN3MOE", "Qwen3", "Qwen3GraphBuilder"]
