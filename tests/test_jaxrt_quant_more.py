@@ -190,7 +190,9 @@ def test_tiny_llama_logits_equal_a_float64_forward(type_: GGMLType, tmp_path: Pa
     want = llama_forward64(w, hp, PROMPT)
     err = np.abs(got - want).max() / want.std()
     print(f"{type_.name}: max|diff|/std = {err:.2e}")
-    assert want.std() > 0.1 and err < 1e-2, err
+    # f32 kernels against float64: measured 2.3e-6 to 4.5e-6 for the twelve types; a wrong grid, sign or
+    # scale field moves it by orders of magnitude
+    assert want.std() > 0.1 and err < 1e-4, err
 
 
 # ---- NVFP4's per-tensor scales (build_lora_mm's w_s) ----------------------------------------------
@@ -234,7 +236,8 @@ def test_nvfp4_weight_scales_add_one_mul_each_and_scale_the_logits(tmp_path: Pat
     got = rt.decode(PROMPT)
     want = llama_forward64(w, hp, PROMPT)
     err = np.abs(got - want).max() / want.std()
-    assert want.std() > 0.1 and err < 1e-2, err
+    print(f"NVFP4 with weight scales: max|diff|/std = {err:.2e}")
+    assert want.std() > 0.1 and err < 1e-4, err
     plain_logits = llama_forward64({n: v for n, v in w.items() if n not in SCALED} | {
         n: (reference(vals[n], GGMLType.NVFP4).reshape(vals[n].shape[0], -1)) for n in SCALED}, hp, PROMPT)
     assert np.abs(plain_logits - want).max() / want.std() > 0.1   # the scales change the result
