@@ -90,3 +90,43 @@ def test_the_dashboard_tokens_box_takes_a_text_for_a_gguf_context() -> None:
         parse_prompt(TEXT, 512, has_vocab=False)     # no vocabulary: ids only
     with pytest.raises(ParameterError, match="tokens="):
         parse_prompt("1, 600", 512, has_vocab=True)  # ids past the vocabulary stay an error
+
+
+def test_the_dashboard_runs_a_text_and_shows_the_next_tokens_as_text(spm_model: Path) -> None:
+    """The run button of a GGUF context's dashboard: the text's ids as the file's tokenizer gives them, and
+    the five best next tokens (ids and pieces) of the logits decode() gives for the same ids; ids typed in
+    the box show their next tokens as text too, and each run starts from an empty KV cache."""
+    import html
+    import json
+    import re
+
+    import toolkit
+
+    vocab = load_vocab(spm_model)
+    ids = vocab.tokenize(TEXT, add_special=True, parse_special=True)
+    want = decode(_ctx(spm_model), ids)[-1]
+    best = [int(i) for i in np.argsort(-want, kind="stable")[:5]]
+    db = toolkit.dashboard(str(spm_model), n_ctx=64, n_batch=64, n_ubatch=32, flash_attn="off")
+    for typed in (TEXT, ", ".join(map(str, ids))):
+        db.tokens.value = typed
+        db.run_button.click()
+        out = db.runner.html.value
+        m = re.search(r"data-tokens='([^']*)' data-top='([^']*)'", out)
+        assert m is not None, out
+        assert json.loads(m.group(1)) == ids and json.loads(m.group(2)) == best
+        assert f"next: {vocab.piece(best[0])!r} ({best[0]})" in html.unescape(out)
+        assert (f"{TEXT!r} → " in html.unescape(out)) == (typed == TEXT)
+        db.runner.html.value = ""   # the next run starts from an empty cache: the same answer for the same ids
+
+
+def test_top_tokens_orders_ids_and_names_pieces(spm_model: Path) -> None:
+    from toolkit.models.tokenizer import top_tokens
+
+    vocab = load_vocab(spm_model)
+    row = [0.0] * 520
+    row[300], row[7], row[515], row[8] = 3.0, 2.0, 2.0, 1.0   # a tie (7, 515) and an id past the vocabulary
+    assert top_tokens(row, 4, vocab) == [(300, 3.0, vocab.piece(300)), (7, 2.0, vocab.piece(7)), (515, 2.0, None),
+                                         (8, 1.0, vocab.piece(8))]
+    assert [p for _, _, p in top_tokens(row, 2)] == [None, None]
+    with pytest.raises(ParameterError, match="k=0"):
+        top_tokens(row, 0, vocab)

@@ -20,14 +20,13 @@ import sys
 from typing import Any
 
 import jax
-import numpy as np
 
 from toolkit.context import Context
 from toolkit.jaxrt.devices import GPU_PLATFORMS, parse_devices, request_cpu_devices
 from toolkit.jaxrt.gguf_io import SUPPORTED, read_gguf
 from toolkit.jaxrt.runtime import ContextRuntime, load_weights, runtime_of
 from toolkit.models import ContextParams
-from toolkit.models.tokenizer import load_vocab
+from toolkit.models.tokenizer import load_vocab, top_tokens
 
 
 def _onoff(s: str) -> bool:
@@ -112,13 +111,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rt = runtime_of(ctx)
     logits = rt.decode(tokens)
     last = logits[-1]
-    top = np.argsort(-last)[:5]
     if vocab is None:
         try:
             vocab = load_vocab(args.gguf)
         except ValueError:
             vocab = None   # no vocabulary this module reads: ids only
-    pieces = None if vocab is None else [vocab.piece(int(i)) if int(i) < vocab.n_tokens else None for i in top]
+    top = top_tokens(last, 5, vocab)
+    pieces = None if vocab is None else [p for _, _, p in top]
     return {
         "model": hp.name, "gguf": args.gguf, "tokens": tokens, "prompt": args.prompt,
         "top5_text": pieces,
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "splits": lg.splits} for lg in rt.log],
         "splits_text": rt.runner.splits_text(),
         "ggml_vs_xla": _ggml_vs_xla(ctx, rt),
-        "argmax": int(top[0]), "top5": [[int(i), float(last[i])] for i in top],
+        "argmax": top[0][0], "top5": [[i, v] for i, v, _ in top],
         "logits": [float(x) for x in last],
     }
 

@@ -571,3 +571,14 @@ def tokenize_json(vocab: Vocab, payload: str) -> str:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ParameterError("stdin", payload[:60], "a JSON list of strings")
     return json.dumps([vocab.tokenize(t, add_special=False, parse_special=False) for t in texts])
+
+
+def top_tokens(logits: Sequence[float], k: int = 5, vocab: Vocab | None = None) -> list[tuple[int, float, str | None]]:
+    """The ``k`` highest logits of one row, best first: ``(id, logit, piece)``, the piece as
+    :meth:`Vocab.piece` shows it, or None without a vocabulary or for an id past it (a model whose
+    output is wider than its vocabulary). Ties keep the lower id first, as a stable sort does."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ParameterError("k", k, "a positive integer")
+    row = [float(x) for x in logits]
+    order = sorted(range(len(row)), key=lambda i: -row[i])[:k]
+    return [(i, row[i], vocab.piece(i) if vocab is not None and i < vocab.n_tokens else None) for i in order]

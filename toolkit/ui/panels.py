@@ -7,6 +7,7 @@ Each panel owns its widgets and draws from data it is handed (a context's events
 from __future__ import annotations
 
 import html
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -17,8 +18,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from toolkit.compare import EventDiff, compare, default_pair
-from toolkit.errors import ParameterError
+from toolkit.errors import ParameterError, ToolkitError
 from toolkit.explain.parse import LoggedBuffer
+from toolkit.models.tokenizer import Vocab, top_tokens
 from toolkit.reuse import CompileEvent, ReserveEvent
 from toolkit.sched.explain import NodeExplanation, explain
 from toolkit.sched.plan import Plan
@@ -312,6 +314,21 @@ class RuntimePanel:
                 n_vocab = settings.model.hparams.n_vocab if settings.model is not None else None
                 has_vocab = getattr(ctx, "gguf_path", None) is not None
                 prompt = parse_prompt(self.tokens.value, n_vocab, has_vocab)
+                vocab = None
+                if has_vocab:
+                    try:
+                        vocab = runtime.vocab_of(runnable)
+                    except ToolkitError:   # a tokenizer not ported: ids still run, shown as ids
+                        if isinstance(prompt, str):
+                            raise
+                # a prompt, not a continuation: the cache starts empty (llama_memory_clear) at each run
+                runtime.runtime_of(runnable).clear()
+                if vocab is not None:
+                    ids = runtime.prompt_ids(runnable, prompt)
+                    logits = runtime.decode(runnable, ids, last_only=True)
+                    ms = (time.perf_counter() - t0) * 1000
+                    self.html.value = _prompt_result(ms, prompt, ids, logits, vocab)
+                    return True
                 out = _summary(runtime.decode(runnable, prompt))
             ms = (time.perf_counter() - t0) * 1000
             self.html.value = f"{what} took {ms:.1f} ms: {html.escape(out)}"
@@ -335,6 +352,17 @@ class RuntimePanel:
 
 def _failed(what: str, e: Exception) -> str:
     return f"<span style='color:#D55E00'>{what} failed: {html.escape(f'{type(e).__name__}: {e}')}</span>"
+
+
+def _prompt_result(ms: float, prompt: str | list[int], ids: list[int], logits: object, vocab: Vocab) -> str:
+    """A run of a GGUF context: the prompt's token ids (the text's, as the file's tokenizer gives them)
+    and the five most likely next tokens as text, in a span whose data attributes hold the ids."""
+    top = top_tokens(np.asarray(logits).ravel().tolist(), 5, vocab)
+    said = f"{prompt!r} → " if isinstance(prompt, str) else ""
+    nxt = ", ".join(f"{p!r} ({i})" for i, _, p in top)
+    text = f"run took {ms:.1f} ms: {said}{len(ids)} tokens {ids}; next: {nxt}"
+    return (f"<span class='toolkit-prompt-result' data-tokens='{json.dumps(ids)}' "
+            f"data-top='{json.dumps([i for i, _, _ in top])}'>{html.escape(text)}</span>")
 
 
 def _summary(out: object) -> str:
