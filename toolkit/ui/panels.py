@@ -278,7 +278,7 @@ class RuntimePanel:
     def __init__(self) -> None:
         self.tokens = W.Text(value="1, 2, 3", description="tokens", style=STYLE,
                              tooltip="token ids, or a text when the context was made from a GGUF file",
-                             layout=W.Layout(width="220px"))
+                             layout=W.Layout(width="220px")).add_class("toolkit-tokens")
         self.compile_button = W.Button(description="compile", icon="cogs").add_class("toolkit-compile")
         self.run_button = W.Button(description="run prompt", icon="play").add_class("toolkit-run")
         self.html = W.HTML("JAX runtime: not started").add_class("toolkit-runtime")
