@@ -1,7 +1,8 @@
 """Model shapes to plan with: the oracle's tiny and small models, and real-model-shaped ones.
 
 The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B, and after
-them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b, Gemma-4-31B, Gemma-4-26B-A4B, Gemma-4-E4B)
+them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b, Gemma-4-31B, Gemma-4-26B-A4B, Gemma-4-E4B,
+Qwen3.6-35B-A3B and Qwen3.6-27B)
 only take the hyperparameters of the public models (no weights): they are for planning
 buffers and splits at realistic sizes.
 """
@@ -287,4 +288,47 @@ def gemma4_e4b(dtype: str | GGMLType = "q4_k") -> HParams:
 
 PRESETS.update({"gemma4_31b": gemma4_31b, "gemma4_26b_a4b": gemma4_26b_a4b, "gemma4_e4b": gemma4_e4b})
 PRESET_LABELS.update({"Gemma-4-31B": "gemma4_31b", "Gemma-4-26B-A4B": "gemma4_26b_a4b", "Gemma-4-E4B": "gemma4_e4b"})
+
+
+# ---- Qwen3.6 (qwen35moe / qwen35: gated delta net hybrids) --------------------------------------------------
+
+def _qwen36(arch: str, dtype: str | GGMLType, name: str, *, n_layer: int, n_embd: int, n_head: int,
+            n_head_kv: int, n_v_heads: int, n_ff: int, moe: MoEParams | None = None) -> HParams:
+    """What the Qwen3.6 text configs share (the ``text_config`` of Qwen/Qwen3.6-35B-A3B's and Qwen/Qwen3.6-27B's
+    config.json, read from copies of their model cards; not checked against Qwen's own files): every fourth layer
+    is gated attention (``full_attention_interval`` 4) with heads of 256 and a partial rotary of 64 dimensions
+    (mrope sections 11/11/10), the others a gated delta net with 16 K heads and ``n_v_heads`` V heads of 128
+    (``ssm.group_count`` 16, ``ssm.time_step_rank`` = V heads, ``ssm.inner_size`` = 128 per V head,
+    ``ssm.state_size`` 128, ``ssm.conv_kernel`` 4), vocab 248320, 262144 context, rope_theta 1e7, rms_norm_eps
+    1e-6, an untied output. No NextN/MTP block: a file with one plans with its own ``nextn_predict_layers``."""
+    from toolkit.models.ssm import RecurrentParams, interval_layers
+
+    t = GGMLType.parse(dtype)
+    rp = RecurrentParams(interval_layers(n_layer, 4), d_conv=4, d_inner=128 * n_v_heads, d_state=128,
+                         dt_rank=n_v_heads, n_group=16)
+    return HParams(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=248320,
+                   n_ctx_train=262144, n_embd_head_k_=256, n_embd_head_v_=256, n_rot_=64, rope_freq_base=1e7,
+                   eps=1e-6, dtype=t, arch=arch, name=f"{name}_{t.lower}", moe=moe, recurrent=rp,
+                   rope_sections=(11, 11, 10, 0))
+
+
+def qwen3_6_35b_a3b(dtype: str | GGMLType = "q4_k") -> HParams:
+    """Qwen3.6-35B-A3B-shaped (``qwen35moe``, see :func:`_qwen36`): 40 layers (30 recurrent), n_embd 2048,
+    16 heads (2 KV), 32 V heads in the delta net, 256 experts of 512 with 8 used and a shared expert of 512."""
+    return _qwen36("qwen35moe", dtype, "qwen3.6-35b-a3b", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2,
+                   n_v_heads=32, n_ff=512, moe=MoEParams(n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512))
+
+
+def qwen3_6_27b(dtype: str | GGMLType = "q4_k") -> HParams:
+    """Qwen3.6-27B-shaped (``qwen35``, see :func:`_qwen36`): 64 layers (48 recurrent), n_embd 5120, 24 heads
+    (4 KV), 48 V heads in the delta net, a dense FFN of 17408. llama.cpp's log of a Qwen3.6-27B run with two
+    sequences (its PR #23792) prints ``llama_memory_recurrent: size = 299.25 MiB (2 cells, 64 layers, 2 seqs
+    0 rs_seq), R (f32): 11.25 MiB, S (f32): 288.00 MiB`` and ``max_nodes = 27232`` (851 tensors): this
+    preset gives the same."""
+    return _qwen36("qwen35", dtype, "qwen3.6-27b", n_layer=64, n_embd=5120, n_head=24, n_head_kv=4, n_v_heads=48,
+                   n_ff=17408)
+
+
+PRESETS.update({"qwen3_6_35b_a3b": qwen3_6_35b_a3b, "qwen3_6_27b": qwen3_6_27b})
+PRESET_LABELS.update({"Qwen3.6-35B-A3B": "qwen3_6_35b_a3b", "Qwen3.6-27B": "qwen3_6_27b"})
 assert set(PRESET_LABELS.values()) == set(PRESETS)
