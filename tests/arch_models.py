@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from recipe_gguf import arch_keys, write_recipe_model
 
 Tensors = list[tuple[str, tuple[int, ...], str]]
 
@@ -115,54 +116,38 @@ def tensor_list(r: dict[str, Any]) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Write the GGUF of recipe r; returns every weight as f32 (numpy order)."""
-    import gguf
-
-    arch, E, H = r["arch"], r["n_embd"], r["n_head"]
-    hd, V = head_dim(r), r["n_vocab"]
-    rng = np.random.default_rng(r.get("seed", 1234))
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"test-{arch}")
-    w.add_uint32(f"{arch}.vocab_size", V)
-    w.add_uint32(f"{arch}.context_length", r["n_ctx_train"])
-    w.add_uint32(f"{arch}.embedding_length", E)
-    w.add_uint32(f"{arch}.block_count", r["n_layer"])
-    w.add_uint32(f"{arch}.feed_forward_length", r["n_ff"])
-    w.add_uint32(f"{arch}.attention.head_count", H)
+def _write_kv(w: Any, r: dict[str, Any]) -> None:
+    arch, hd = r["arch"], head_dim(r)
+    u32, f32 = arch_keys(w, arch)
+    u32("vocab_size", r["n_vocab"])
+    u32("context_length", r["n_ctx_train"])
+    u32("embedding_length", r["n_embd"])
+    u32("block_count", r["n_layer"])
+    u32("feed_forward_length", r["n_ff"])
+    u32("attention.head_count", r["n_head"])
     if isinstance(r["n_head_kv"], list):   # one per layer (llama_model_loader::get_key_or_arr)
         w.add_array(f"{arch}.attention.head_count_kv", r["n_head_kv"])
     else:
-        w.add_uint32(f"{arch}.attention.head_count_kv", r["n_head_kv"])
+        u32("attention.head_count_kv", r["n_head_kv"])
     if r["head_dim"] is not None:
-        w.add_uint32(f"{arch}.attention.key_length", hd)
-        w.add_uint32(f"{arch}.attention.value_length", hd)
-    w.add_uint32(f"{arch}.rope.dimension_count", hd)
-    w.add_float32(f"{arch}.rope.freq_base", r["rope_freq_base"])
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", r["eps"])
+        u32("attention.key_length", hd)
+        u32("attention.value_length", hd)
+    u32("rope.dimension_count", hd)
+    f32("rope.freq_base", r["rope_freq_base"])
+    f32("attention.layer_norm_rms_epsilon", r["eps"])
     if r["sliding_window"]:
-        w.add_uint32(f"{arch}.attention.sliding_window", r["sliding_window"])
-        w.add_uint32(f"{arch}.attention.sliding_window_pattern", r["swa_pattern"])
+        u32("attention.sliding_window", r["sliding_window"])
+        u32("attention.sliding_window_pattern", r["swa_pattern"])
         if r["rope_freq_base_swa"] is not None:
-            w.add_float32(f"{arch}.rope.freq_base_swa", r["rope_freq_base_swa"])
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(V)])
-    vals: dict[str, np.ndarray] = {}
-    for name, shape, kind in tensor_list(r):
-        if kind == "rope":
-            arr = np.asarray(r["rope_freqs"], np.float32)
-        elif kind == "norm":
-            arr = np.ones(shape, dtype=np.float32)
-        else:
-            arr = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        w.add_tensor(name, arr)
-        vals[name] = arr
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return vals
+            f32("rope.freq_base_swa", r["rope_freq_base_swa"])
+
+
+def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Write the GGUF of recipe r; returns every weight as f32 (numpy order)."""
+    def fill(name: str, shape: tuple[int, ...], kind: str) -> np.ndarray | None:
+        return np.asarray(r["rope_freqs"], np.float32) if kind == "rope" else None
+
+    return write_recipe_model(path, r, tensor_list(r), _write_kv, fill=fill)
 
 
 def reference(w: dict[str, np.ndarray], r: dict[str, Any], tokens: list[int], *, rope_freqs: bool = True,

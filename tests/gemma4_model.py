@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from recipe_gguf import arch_keys, numpy_order, write_recipe_model
 
 Tensors = list[tuple[str, tuple[int, ...], str]]   # (name, ggml ne, kind)
 
@@ -69,13 +70,7 @@ def tensor_list(r: dict[str, Any]) -> Tensors:
 def _write_kv(w: Any, r: dict[str, Any]) -> None:
     """make_gguf3.py's ``write_kv`` for gemma4, in its order."""
     A = r["arch"]
-
-    def u32(key: str, value: Any) -> None:
-        w.add_uint32(f"{A}.{key}", int(value))
-
-    def f32(key: str, value: Any) -> None:
-        w.add_float32(f"{A}.{key}", float(value))
-
+    u32, f32 = arch_keys(w, A)
     u32("vocab_size", r["n_vocab"])
     u32("context_length", r["n_ctx_train"])
     u32("embedding_length", r["n_embd"])
@@ -106,32 +101,15 @@ def _write_kv(w: Any, r: dict[str, Any]) -> None:
 
 def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
     """Write the GGUF of recipe r (every tensor F32); returns every weight as the file holds it (numpy order)."""
-    import gguf
+    def fill(name: str, shape: tuple[int, ...], kind: str) -> np.ndarray | None:
+        if kind != "ropefreqs":
+            return None
+        # conversion/gemma.py Gemma4Model.generate_extra_tensors
+        n_pairs = int(r["head_dim"] * r["rope_partial_full"] / 2)
+        return np.array([1.0] * n_pairs + [1e30] * (shape[0] - n_pairs), dtype=np.float32)
 
-    w = gguf.GGUFWriter(path, r["arch"])
-    w.add_name(f"test-{r.get('preset', r['arch'])}")
-    _write_kv(w, r)
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(r["n_vocab"])])
-    rng = np.random.default_rng(r["seed"])
-    vals: dict[str, np.ndarray] = {}
-    for name, ne, kind in tensor_list(r):
-        shape = tuple(reversed(ne))
-        if kind == "norm":
-            arr = np.ones(shape, dtype=np.float32)
-        elif kind == "ropefreqs":     # conversion/gemma.py Gemma4Model.generate_extra_tensors
-            n_pairs = int(r["head_dim"] * r["rope_partial_full"] / 2)
-            arr = np.array([1.0] * n_pairs + [1e30] * (shape[0] - n_pairs), dtype=np.float32)
-        else:
-            arr = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        w.add_tensor(name, arr)
-        vals[name] = arr
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return vals
+    return write_recipe_model(path, r, numpy_order(tensor_list(r)), _write_kv,
+                              name=f"test-{r.get('preset', r['arch'])}", fill=fill)
 
 
 def _gelu(x: np.ndarray, table: bool) -> np.ndarray:

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import numpy as np
+from recipe_gguf import arch_keys, numpy_order, write_recipe_model
 
 Tensors = list[tuple[str, tuple[int, ...], str]]   # (name, ggml ne, kind)
 
@@ -56,54 +57,46 @@ def tensor_list(r: dict[str, Any]) -> Tensors:
     return out
 
 
+def _write_kv(w: Any, r: dict[str, Any]) -> None:
+    A = r["arch"]
+    u32, f32 = arch_keys(w, A)
+    for key, value in (("vocab_size", r["n_vocab"]), ("context_length", r["n_ctx_train"]),
+                       ("embedding_length", r["n_embd"]), ("block_count", r["n_layer"]),
+                       ("attention.head_count", r["n_head"]), ("attention.head_count_kv", r["n_head_kv"])):
+        u32(key, value)
+    f32("rope.freq_base", r["rope_freq_base"])
+    f32("attention.layer_norm_rms_epsilon", r["eps"])
+    for key, value in (("attention.key_length", r["head_dim"]), ("attention.value_length", r["head_dim"]),
+                       ("rope.dimension_count", r["n_rot"]), ("expert_count", r["n_expert"]),
+                       ("expert_used_count", r["n_expert_used"]), ("expert_feed_forward_length", r["n_ff_exp"])):
+        u32(key, value)
+    rs = r["rope_scaling"]
+    w.add_string(f"{A}.rope.scaling.type", rs["type"])
+    f32("rope.scaling.factor", rs["factor"])
+    u32("rope.scaling.original_context_length", rs["orig_ctx"])
+    u32("attention.sliding_window", r["sliding_window"])
+    u32("attention.sliding_window_pattern", r["swa_pattern"])
+
+
 def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
     """Write the GGUF of recipe r; returns every weight as the file holds it, in f32 (numpy order;
     MXFP4 experts dequantized by gguf.quants)."""
     import gguf
 
-    A = r["arch"]
-    w = gguf.GGUFWriter(path, A)
-    w.add_name(f"test-{r.get('preset', A)}")
-    for key, value in (("vocab_size", r["n_vocab"]), ("context_length", r["n_ctx_train"]),
-                       ("embedding_length", r["n_embd"]), ("block_count", r["n_layer"]),
-                       ("attention.head_count", r["n_head"]), ("attention.head_count_kv", r["n_head_kv"])):
-        w.add_uint32(f"{A}.{key}", int(value))
-    w.add_float32(f"{A}.rope.freq_base", float(r["rope_freq_base"]))
-    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", float(r["eps"]))
-    for key, value in (("attention.key_length", r["head_dim"]), ("attention.value_length", r["head_dim"]),
-                       ("rope.dimension_count", r["n_rot"]), ("expert_count", r["n_expert"]),
-                       ("expert_used_count", r["n_expert_used"]), ("expert_feed_forward_length", r["n_ff_exp"])):
-        w.add_uint32(f"{A}.{key}", int(value))
-    rs = r["rope_scaling"]
-    w.add_string(f"{A}.rope.scaling.type", rs["type"])
-    w.add_float32(f"{A}.rope.scaling.factor", float(rs["factor"]))
-    w.add_uint32(f"{A}.rope.scaling.original_context_length", int(rs["orig_ctx"]))
-    w.add_uint32(f"{A}.attention.sliding_window", int(r["sliding_window"]))
-    w.add_uint32(f"{A}.attention.sliding_window_pattern", int(r["swa_pattern"]))
     mx = r["expert_dtype"] == "mxfp4"
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if mx else gguf.LlamaFileType.ALL_F32))
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(r["n_vocab"])])
-    rng = np.random.default_rng(r["seed"])
-    vals: dict[str, np.ndarray] = {}
-    for name, ne, kind in tensor_list(r):
-        shape = tuple(reversed(ne))
-        if kind == "norm":
-            arr = np.ones(shape, dtype=np.float32)
-        else:
-            arr = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        if kind == "expert" and mx:
-            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.MXFP4)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-            arr = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4).reshape(shape).astype(np.float32)
-        else:
+    MX = gguf.GGMLQuantizationType.MXFP4
+
+    def store(w: Any, name: str, arr: np.ndarray, kind: str) -> np.ndarray:
+        if kind != "expert" or not mx:
             w.add_tensor(name, arr)
-        vals[name] = arr
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return vals
+            return arr
+        q = gguf.quants.quantize(arr, MX)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=MX)
+        return gguf.quants.dequantize(q, MX).reshape(arr.shape).astype(np.float32)
+
+    ft = gguf.LlamaFileType.MOSTLY_MXFP4_MOE if mx else gguf.LlamaFileType.ALL_F32
+    return write_recipe_model(path, r, numpy_order(tensor_list(r)), _write_kv,
+                              name=f"test-{r.get('preset', r['arch'])}", file_type=int(ft), store=store)
 
 
 def _yarn(r: dict[str, Any], T: int) -> tuple[np.ndarray, np.ndarray]:

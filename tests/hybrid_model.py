@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from recipe_gguf import arch_keys, numpy_order, write_recipe_model
 
 Tensors = list[tuple[str, tuple[int, ...], str]]   # (name, ggml ne, kind)
 
@@ -96,13 +97,7 @@ def tensor_list(r: dict[str, Any]) -> Tensors:
 
 def _write_kv(w: Any, r: dict[str, Any]) -> None:
     A = r["arch"]
-
-    def u32(k: str, v: int) -> None:
-        w.add_uint32(f"{A}.{k}", int(v))
-
-    def f32(k: str, v: float) -> None:
-        w.add_float32(f"{A}.{k}", float(v))
-
+    u32, f32 = arch_keys(w, A)
     u32("vocab_size", r["n_vocab"])
     u32("context_length", r["n_ctx_train"])
     u32("embedding_length", r["n_embd"])
@@ -145,26 +140,4 @@ def _write_kv(w: Any, r: dict[str, Any]) -> None:
 
 def write_model(path: str, r: dict[str, Any]) -> dict[str, np.ndarray]:
     """Write the GGUF of recipe r (F32 throughout); returns every weight (numpy order)."""
-    import gguf
-
-    w = gguf.GGUFWriter(path, r["arch"])
-    w.add_name(f"test-{r['arch']}")
-    _write_kv(w, r)
-    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(r["n_vocab"])])
-    rng = np.random.default_rng(r["seed"])
-    vals: dict[str, np.ndarray] = {}
-    for name, ne, kind in tensor_list(r):
-        shape = tuple(reversed(ne))
-        if kind == "norm":
-            arr = np.ones(shape, dtype=np.float32)
-        else:
-            arr = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-        w.add_tensor(name, arr)
-        vals[name] = arr
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return vals
+    return write_recipe_model(path, r, numpy_order(tensor_list(r)), _write_kv)
