@@ -3,8 +3,10 @@ implementation of ggml-quants.c's dequantize_row_*), and tiny llama GGUFs of eac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,17 +119,22 @@ def tiny_of(type_: GGMLType) -> HParams:
                    name=f"tiny256_{type_.lower}")
 
 
-def block_weights(hp: HParams, seed: int = 7, std: float = 0.05) -> dict[str, np.ndarray]:
-    """hp's weights: random valid blocks for the quantized matrices (their f16 fields scaled so that the
-    values have about ``std``), random_weights' f32 values for the norms."""
+def block_weights(hp: HParams, seed: int = 7, std: float = 0.05, dequant: Callable[..., Any] | None = None,
+                  probe_rows: int = 64, blocks: Callable[..., np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """hp's weights: random valid blocks (``blocks``, :func:`random_blocks` by default) for the quantized
+    matrices, their scale fields set so that the values have about ``std`` (measured on ``probe_rows``
+    blocks through ``dequant(raw, type)``, gguf-py's dequantization by default); random_weights' f32
+    values for the norms."""
     rng = np.random.default_rng(seed)
     t = hp.dtype
-    probe = quants.dequantize(random_blocks(t, (64, 1), rng, scale=1.0), QT(t.ggml_id))
+    make = random_blocks if blocks is None else blocks
+    raw = make(t, (probe_rows, 1), rng, scale=1.0)
+    probe = quants.dequantize(raw, QT(t.ggml_id)) if dequant is None else dequant(raw, t)
     scale = std / float(probe.std())
     vals = random_weights(hp, seed)
     for info in archs.get(hp.arch).weights(hp):
         if info.type is t:
-            vals[info.name] = random_blocks(t, (info.ne[1], info.ne[0] // t.blck_size), rng, scale)
+            vals[info.name] = make(t, (info.ne[1], info.ne[0] // t.blck_size), rng, scale)
     return vals
 
 

@@ -20,13 +20,14 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
 from llama_ref64 import llama_forward64  # noqa: E402
 from test_jaxrt_llama import PROMPT, make_runtime  # noqa: E402
-from test_jaxrt_quant import assert_bits_equal, jit_dequantize  # noqa: E402
+from test_jaxrt_quant import assert_bits_equal, jit_dequantize, tiny_of  # noqa: E402
+from test_jaxrt_quant import block_weights as quant_block_weights  # noqa: E402
 
 from toolkit.ggml.types import GGMLType  # noqa: E402
 from toolkit.jaxrt.compile import enable_persistent_cache  # noqa: E402
-from toolkit.jaxrt.gguf_io import SUPPORTED, random_weights, read_gguf, write_gguf  # noqa: E402
+from toolkit.jaxrt.gguf_io import SUPPORTED, read_gguf, write_gguf  # noqa: E402
 from toolkit.jaxrt.quant import DEQUANT, dequantize  # noqa: E402
-from toolkit.models import HParams, archs  # noqa: E402
+from toolkit.models import HParams  # noqa: E402
 
 # byte offsets of the ggml_half fields of each block struct (ggml-common.h); random bytes are valid
 # blocks once these hold finite f16 values. block_iq1_m has its f16 scale in the top nibbles of its
@@ -150,24 +151,10 @@ def test_every_weight_type_of_ggml_runs() -> None:
 
 # ---- tiny llama GGUFs of each type through toolkit.jaxrt.runtime ----------------------------------
 
-def tiny_of(type_: GGMLType) -> HParams:
-    """Every matrix has rows of 256 or 512 (whole blocks of every type): all are ``type_``."""
-    return HParams(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=256, dtype=type_,
-                   name=f"tiny256_{type_.lower}")
-
-
-def block_weights(hp: HParams, seed: int = 7, std: float = 0.05) -> dict[str, np.ndarray]:
-    """hp's weights: random valid blocks for the quantized matrices (their scales set so that the values
-    have about ``std``), random_weights' f32 values for the norms."""
-    rng = np.random.default_rng(seed)
-    t = hp.dtype
-    probe = reference(random_blocks(t, (16, 1), rng, scale=1.0), t)
-    scale = std / float(probe.std())
-    vals = random_weights(hp, seed)
-    for info in archs.get(hp.arch).weights(hp):
-        if info.type is t:
-            vals[info.name] = random_blocks(t, (info.ne[1], info.ne[0] // t.blck_size), rng, scale)
-    return vals
+def block_weights(hp: HParams) -> dict[str, np.ndarray]:
+    """test_jaxrt_quant's weights with this module's :func:`random_blocks` (the types gguf-py may not know),
+    their scale measured through :func:`reference`."""
+    return quant_block_weights(hp, dequant=reference, probe_rows=16, blocks=random_blocks)
 
 
 @pytest.fixture(scope="module")
