@@ -14,7 +14,7 @@ import numpy as np
 
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import HParams, RopeScaling, SWAParams
+from toolkit.models.hparams import HParams, MLAParams, RopeScaling, SWAParams
 from toolkit.models.moe import MoEParams
 
 
@@ -287,4 +287,35 @@ def gemma4_e4b(dtype: str | GGMLType = "q4_k") -> HParams:
 
 PRESETS.update({"gemma4_31b": gemma4_31b, "gemma4_26b_a4b": gemma4_26b_a4b, "gemma4_e4b": gemma4_e4b})
 PRESET_LABELS.update({"Gemma-4-31B": "gemma4_31b", "Gemma-4-26B-A4B": "gemma4_26b_a4b", "Gemma-4-E4B": "gemma4_e4b"})
+
+
+# ---- deepseek2 (MLA) and glm4moe --------------------------------------------------------------------------
+
+def tiny_deepseek2(dtype: str | GGMLType = "f32") -> HParams:
+    """The oracle's ``tiny_deepseek2_f32``: 4 layers (the first dense, n_ff 256), n_embd 128, 4 heads with
+    MLA (q_lora 64, kv_lora 64, rope 16, nope 32, v_head 32: one cached KV head of 64 + 16), 8 experts of 64
+    with 2 used, 1 shared, sigmoid gating with ``exp_probs_b``, weights norm and scale 2.5, 4 expert groups
+    with 2 used, YaRN factor 4 over 4096 (log multiplier 0.1 in the file, 1 once read), vocab 32000."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=4, n_embd=128, n_head=4, n_head_kv=1, n_ff=256, n_ctx_train=16384, n_embd_head_k_=80,
+                   n_embd_head_v_=64, n_rot_=16, eps=1e-6, dtype=t, arch="deepseek2", name=f"tiny_deepseek2_{t.lower}",
+                   mla=MLAParams(64, 64, 48, 32), rope_scaling=RopeScaling("yarn", 4.0, 4096, 1.0, 1.0),
+                   moe=MoEParams(8, 2, 64, weights_scale=2.5, gating="sigmoid", n_expert_shared=1, weights_norm=True,
+                                 n_expert_groups=4, n_group_used=2, n_layer_dense_lead=1, exp_probs_b=True))
+
+
+def tiny_glm4moe(dtype: str | GGMLType = "f32") -> HParams:
+    """The oracle's ``tiny_glm4moe_f32``: 4 layers (the first dense, n_ff 256) and 1 NextN block, n_embd 128,
+    4 heads (2 KV) of 64 with Q/K/V biases and partial NEOX RoPE 32, rope base 1e6, 8 experts of 64 with 2
+    used, 1 shared, sigmoid gating with ``exp_probs_b``, weights norm, vocab 32000."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx_train=131072, n_embd_head_k_=64,
+                   n_embd_head_v_=64, n_rot_=32,
+                   rope_freq_base=1000000.0, dtype=t, arch="glm4moe", name=f"tiny_glm4moe_{t.lower}", n_layer_nextn=1,
+                   moe=MoEParams(8, 2, 64, weights_scale=1.0, gating="sigmoid", n_expert_shared=1, weights_norm=True,
+                                 n_layer_dense_lead=1, exp_probs_b=True))
+
+
+PRESETS.update({"tiny_deepseek2": tiny_deepseek2, "tiny_glm4moe": tiny_glm4moe})
+PRESET_LABELS.update({"tiny deepseek2 (MLA)": "tiny_deepseek2", "tiny glm4moe": "tiny_glm4moe"})
 assert set(PRESET_LABELS.values()) == set(PRESETS)
