@@ -106,3 +106,59 @@ def test_registered() -> None:
     assert {"deepseek2", "glm4moe"} <= set(archs.names())
     assert archs.get("deepseek2").rope_type == archs.ROPE_TYPE_NORM
     assert archs.get("glm4moe").rope_type == archs.ROPE_TYPE_NEOX
+
+
+# ---- the GGUF reader ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny_deepseek2", "tiny_glm4moe"])
+def test_a_written_gguf_reads_back_as_the_preset(name: str, tmp_path: Any) -> None:
+    """``load_arch_hparams`` over the keys ``gguf_keys`` writes: MLA's sizes, the routing (sigmoid, the
+    selection bias, groups, norm, scale, dense lead, shared experts), YaRN (deepseek2's log multiplier
+    written as the converter's 0.1, read as 1) and the NextN block."""
+    import dataclasses
+
+    from toolkit.jaxrt.gguf_io import write_gguf
+    from toolkit.models import presets
+    from toolkit.models.gguf import hparams_from_gguf
+
+    want = dataclasses.replace(presets.get(name), n_vocab=64)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, want, seed=1)
+    got = hparams_from_gguf(str(path))
+    for f in ("arch", "n_layer", "n_layer_nextn", "moe", "mla", "rope_scaling", "qk_norm", "n_embd_head_k",
+              "n_embd_head_v", "n_rot"):
+        assert getattr(got, f) == getattr(want, f), f
+
+
+def test_what_load_arch_tensors_refuses(tmp_path: Any) -> None:
+    """A deepseek2 file without the MLA head sizes (the legacy attn_kv_b layout) and a glm4moe file with
+    M-RoPE sections are refused by name; so are MLA sizes that do not give the cached head."""
+    import dataclasses
+
+    import gguf
+    import numpy as np
+
+    from toolkit.errors import ToolkitError, UnsupportedFeature
+    from toolkit.models import presets
+    from toolkit.models.gguf import hparams_from_gguf
+
+    for arch, key, feature in (("deepseek2", "block_count", "deepseek2 without MLA"),
+                               ("glm4moe", "rope.dimension_sections", "glm4moe M-RoPE")):
+        w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+        for k, v in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128),
+                     ("attention.head_count", 4), ("expert_count", 4), ("expert_used_count", 2),
+                     ("expert_feed_forward_length", 32), ("attention.kv_lora_rank", 32)):
+            w.add_uint32(f"{arch}.{k}", v)
+        if key == "rope.dimension_sections":
+            w.add_array(f"{arch}.{key}", [8, 8, 0, 0])
+        w.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(UnsupportedFeature) as e:
+            hparams_from_gguf(str(tmp_path / f"{arch}.gguf"))
+        assert e.value.feature == feature
+    bad = dataclasses.replace(presets.get("tiny_deepseek2"), n_embd_head_k_=64)
+    with pytest.raises(ToolkitError, match="kv_lora_rank \\+ n_rot = 80"):
+        archs.checked(bad)
