@@ -187,7 +187,7 @@ def from_dict(d: Mapping[str, Any]) -> MoEParams | None:
                      exp_probs_b=bool(d.get("exp_probs_b", False)))
 
 
-# GGUF keys of MoE variants build_moe_ffn's plain path does not cover
+# GGUF keys of MoE variants only some architectures build (Architecture.moe_keys lists those it reads)
 _UNSUPPORTED_KEYS = {
     "expert_shared_count": "shared experts",
     "leading_dense_block_count": "leading dense blocks",
@@ -202,7 +202,8 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
               built: tuple[str, ...] = (), built_keys: tuple[str, ...] = ()) -> MoEParams | None:
     """The MoE keys of a GGUF (``<arch>.expert_count`` & co.) through ``get(key) -> value | None``.
 
-    Variants this toolkit does not build (shared experts, expert groups, merged gate/up) are refused
+    Variants the architecture does not build (shared experts, dense leading layers, merged gate/up, the
+    selection bias) are refused
     with :class:`UnsupportedFeature` naming the feature, except the tensors in ``built``
     (``Architecture.moe_tensors``: the architecture builds them) and the keys in ``built_keys`` (the
     architecture reads them in its ``load_arch_hparams``). The expert groups
@@ -225,8 +226,8 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
         for frag, feature in _UNSUPPORTED_TENSORS.items():
             if frag in name and frag not in built and not (frag == "_shexp" and n_ff_shexp):
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
-    # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
-    # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
+    # expert_weights_scale is read only by the load_arch_hparams of architectures that scale the weights
+    # (deepseek2 and glm4moe read their own MoE keys); llama and qwen3moe keep hparams.expert_weights_scale = 0
     return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
                      n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0), n_ff_shexp=n_ff_shexp,
                      n_expert_groups=int(get(f"{arch}.expert_group_count") or 0),

@@ -18,7 +18,8 @@ defines ``load_arch_hparams``, ``load_arch_tensors`` and ``build_arch_graph`` fo
 - :meth:`Architecture.graph_max_nodes`: ``llama_context::graph_max_nodes`` for it;
 - :meth:`Architecture.check`: what ``load_arch_tensors`` refuses (a missing feature, an invalid mix).
 
-The pieces the architectures share (Q/K/V/O projections, the dense gated FFN, the experts) are
+The pieces the architectures share (Q/K/V/O projections, the dense gated FFN, the experts, and the
+DeepSeek-style MoE layer of deepseek2 and glm4moe: its tensors, keys, NextN block and routed experts) are
 the functions below, as llama.cpp's ``create_tensor_qkv`` is shared.
 """
 
@@ -303,6 +304,8 @@ def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, deepseek2: bool = Fa
 
 
 def yarn_keys(hp: HParams, log_mul_factor: float = 1.0) -> dict[str, Any]:
+    """The ``rope.scaling.*`` keys :func:`read_yarn` reads, the log multiplier times ``log_mul_factor`` (0.1
+    for deepseek2, as its converter writes it)."""
     ys = hp.rope_scaling
     if ys is None:
         return {}
