@@ -42,11 +42,14 @@ def test_cases_present() -> None:
 def test_case(case_id: str) -> None:
     """Graph nodes and splits (pp, tg), every compute buffer, KV bytes per cache and per buffer (MLA: V 0
     bytes), model and output buffers, n_copies, the pipeline flag, max_nodes, n_tensors, the warnings
-    (YaRN's factor, the mmap warning only when an override moved a tensor), layer placement, overrides."""
+    (YaRN's factor, the mmap warning only when an override moved a tensor), layer placement, overrides, the
+    model buffers as load_tensors prints them."""
     obs = CASES[case_id]["observed"]
     got = _planned(case_id)
     assert_planned_matches(got, obs)
     assert got["tensor_overrides"] == [{k: o[k] for k in OVERRIDE_FIELDS} for o in obs["tensor_overrides"]]
+    assert [list(x) for x in got["model_buffer_lines"]] == [[b["buffer"], b["bytes"]] for b in obs["model_buffers"]]
+    assert obs["errors"] == []
 
 
 @pytest.mark.parametrize("case_id", IDS)
