@@ -101,6 +101,14 @@ def _qwen3moe(path: str) -> None:
     write_gguf(path, hp, seed=4)
 
 
+def _mla(name: str) -> Callable[[str], None]:
+    def build(path: str) -> None:
+        from mla_model import write_model
+
+        write_model(path, name, n_vocab=512)
+    return build
+
+
 # name -> (builder, weight types, in the --quick subset)
 MODELS: dict[str, tuple[Callable[[str], None], str, bool]] = {
     "llama": (_llama("f32"), "F32", True),
@@ -123,6 +131,8 @@ MODELS: dict[str, tuple[Callable[[str], None], str, bool]] = {
     "qwen35": (_recipe("hybrid_model", "logits-hybrid.json", "logits-tiny_qwen35_f32-promptA-faoff"), "F32", False),
     "qwen35moe": (_recipe("hybrid_model", "logits-hybrid.json", "logits-tiny_qwen35moe_f32-promptA-faoff"),
                   "F32", True),
+    "deepseek2": (_mla("tiny_deepseek2"), "F32", False),
+    "glm4moe": (_mla("tiny_glm4moe"), "F32", False),
 }
 
 

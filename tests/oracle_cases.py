@@ -20,6 +20,8 @@ GPTOSS_CASES_JSON = DATA / "cases-gptoss.json"
 GEMMA4_CASES_JSON = DATA / "cases-gemma4.json"
 # the third oracle's hybrids (qwen35, qwen35moe, lfm2: recurrent state), checked by tests/test_oracle_hybrid.py
 HYBRID_CASES_JSON = (DATA / "cases-qwen35.json", DATA / "cases-lfm2.json")
+# the third oracle's deepseek2 (MLA) and glm4moe cases, checked by tests/test_oracle_mla.py
+MLA_CASES_JSON = (DATA / "cases-deepseek2.json", DATA / "cases-glm4moe.json")
 
 
 @cache
@@ -28,7 +30,7 @@ def cases() -> list[dict[str, Any]]:
 
 
 def case(case_id: str) -> dict[str, Any]:
-    for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases()):
+    for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases(), *mla_cases()):
         if c["id"] == case_id:
             return c
     raise KeyError(case_id)
@@ -42,6 +44,11 @@ def arch_cases() -> list[dict[str, Any]]:
 @cache
 def hybrid_cases() -> list[dict[str, Any]]:
     return [c for p in HYBRID_CASES_JSON for c in json.loads(p.read_text())]
+
+
+@cache
+def mla_cases() -> list[dict[str, Any]]:
+    return [c for p in MLA_CASES_JSON for c in json.loads(p.read_text())]
 
 
 @cache
@@ -66,6 +73,21 @@ def assert_planned_matches(got: dict[str, Any], obs: dict[str, Any]) -> None:
         assert got[f] == obs[f], (f, got[f], obs[f])
     assert [list(x) for x in got["layer_devices"]] == [list(x)[:2] for x in obs["layer_devices"]]
     assert got["kv_caches"] == [{k: kc[k] for k in KV_FIELDS} for kc in obs["kv_caches"]]
+
+
+def graph_only_sizes(ctx: Any) -> dict[tuple[str, str], int]:
+    """The oracle's ``graph_only_alloc_bytes`` measured as its patch measures them (ORACLE_GRAPH_SIZES):
+    after the reserves, the pp graph and the tg graph each through ``graph_reserve(..., sizes)``
+    (``ggml_backend_sched_reserve_size``, which resets the scheduler after the graph is built and so drops
+    the backends the graph callback pinned), per (graph, backend name)."""
+    rp = ctx.setup.resolved
+    n_seqs, n_tokens = rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch)
+    out: dict[tuple[str, str], int] = {}
+    for label, shape in (("pp", (n_tokens, n_seqs, min(n_tokens, rp.n_outputs_max))), ("tg", (n_seqs,) * 3)):
+        ctx.graph_reserve(*shape, sizes=True)
+        for be, size in zip(ctx.scheduler.backends, ctx.scheduler.graph_needed_sizes()):
+            out[(label, be.name)] = size
+    return out
 
 
 @cache
@@ -158,9 +180,10 @@ def fmt_size(n: int) -> str:
 
 
 def debug_case_ids() -> list[str]:
-    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss, gemma4, the hybrids)
-    that has one."""
-    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases())}
+    """The dumps of every case (first oracle, qwen3/gemma3, Llama-3.x files, gpt-oss, gemma4, the hybrids,
+    deepseek2 and glm4moe) that has one."""
+    ids = {c["id"] for c in (*cases(), *arch_cases(), *gptoss_cases(), *gemma4_cases(), *hybrid_cases(),
+                             *mla_cases())}
     return sorted(i for i in (p.name[: -len(".txt")] for p in DUMPS.glob("*-DEBUG.txt")) if i in ids)
 
 

@@ -225,7 +225,7 @@ def test_swa_full_warns_and_sizes_the_swa_cache_fully() -> None:
 
 def test_build_attn_arguments() -> None:
     """wo_b adds after the projection; sinks (one per head) are the attention's extra source, a wrong
-    size is ggml's assertion; kq_b and v_mla are refused by name."""
+    size is ggml's assertion; kq_b is refused by name; v_mla decompresses the heads."""
     st = setup(presets.tiny(), ContextParams(n_ctx=256, n_ubatch=32, devices=("CPU",)))
     b = st.builder(1024)
     lg = b.build(4, 1, 4)
@@ -245,11 +245,14 @@ def test_build_attn_arguments() -> None:
     assert attn.src.index(sinks) == (4 if attn.op is Op.FLASH_ATTN_EXT else 2) and kqv.name == "kqv_out-0"
     with pytest.raises(ValueError, match="sinks f32 \\[64, 1, 1, 1\\] do not fit"):
         b.build_attn(res, inp, None, None, q, k, v, None, bias, None, 0.25, 0)
-    for name in ("kq_b", "v_mla"):
-        args: dict[str, Tensor | None] = {"kq_b": None, "v_mla": None, name: bias}
-        with pytest.raises(UnsupportedFeature) as e:
-            b.build_attn(res, inp, wo, None, q, k, v, args["kq_b"], None, args["v_mla"], 0.25, 0)
-        assert e.value.feature == name
+    with pytest.raises(UnsupportedFeature) as e:
+        b.build_attn(res, inp, wo, None, q, k, v, bias, None, None, 0.25, 0)
+    assert e.value.feature == "kq_b"
+    # v_mla ([head_v, head_mla, n_head]) multiplies the attention's per-head result (build_attn_mha)
+    v_mla = ops.new_tensor_3d(F32, 16, 8, 4)
+    out = b.build_attn(res, inp, None, None, q, k, v, None, None, v_mla, 0.25, 0)
+    mla = next(n for n in res.graph.nodes if n.op is Op.MUL_MAT and n.src[0] is v_mla)
+    assert mla.name in ("fattn_mla-0", "kqv_mla-0") and out.ne == (8 * 4, 4, 1, 1)
 
 
 def test_graph_copies_carry_their_inputs() -> None:

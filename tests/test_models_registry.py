@@ -41,7 +41,7 @@ def test_unknown_architecture_is_a_typed_error_listing_the_known_ones() -> None:
         archs.get("falcon")
     assert e.value.feature == "arch"
     assert str(e.value) == ("architecture 'falcon' is not supported; supported: llama, qwen3, qwen3moe, gemma3, "
-                            "gpt-oss, gemma4, qwen35, qwen35moe, lfm2")
+                            "gpt-oss, gemma4, qwen35, qwen35moe, lfm2, deepseek2, glm4moe")
     with pytest.raises(UnsupportedFeature, match="'falcon' is not supported"):
         archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="falcon"))
 
@@ -55,7 +55,7 @@ def test_register_refuses_a_taken_name_and_what_is_not_a_record() -> None:
     with pytest.raises(UnsupportedFeature):
         archs.unregister("falcon")
     assert archs.names() == ("llama", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "gemma4", "qwen35", "qwen35moe",
-                             "lfm2")
+                             "lfm2", "deepseek2", "glm4moe")
 
 
 def test_the_record_is_abstract() -> None:
@@ -70,14 +70,16 @@ def test_the_record_is_abstract() -> None:
 def test_builtin_records() -> None:
     """llama_model_rope_type: NORM for llama, NEOX for qwen3, qwen3moe, gemma3, gpt-oss and gemma4, IMROPE (40)
     for qwen35 and qwen35moe, NEOX for lfm2; Q/K norms on qwen3, qwen3moe, gemma3, gemma4, the qwen35s and lfm2;
-    a KV cache, the qwen35s and lfm2 a hybrid memory; qwen3moe refuses a model without experts and gemma3 one
+    NORM for deepseek2 and NEOX for glm4moe (whose optional Q/K norms are the file's: ``HParams.qk_norm``); a KV cache
+(deepseek2's K only), the qwen35s and lfm2 a hybrid memory; qwen3moe refuses a model without experts and gemma3 one
     with."""
     got = {n: (archs.get(n).rope_type, archs.get(n).qk_norm, archs.get(n).memory) for n in archs.names()}
     assert got == {"llama": (ROPE_TYPE_NORM, False, "kv"), "qwen3": (ROPE_TYPE_NEOX, True, "kv"),
                    "qwen3moe": (ROPE_TYPE_NEOX, True, "kv"), "gemma3": (ROPE_TYPE_NEOX, True, "kv"),
                    "gpt-oss": (ROPE_TYPE_NEOX, False, "kv"), "gemma4": (ROPE_TYPE_NEOX, True, "kv"),
                    "qwen35": (40, True, "hybrid"), "qwen35moe": (40, True, "hybrid"),
-                   "lfm2": (ROPE_TYPE_NEOX, True, "hybrid")}
+                   "lfm2": (ROPE_TYPE_NEOX, True, "hybrid"), "deepseek2": (ROPE_TYPE_NORM, False, "kv"),
+                   "glm4moe": (ROPE_TYPE_NEOX, False, "kv")}
     assert archs.get("qwen3").builder is archs.get("qwen3moe").builder
     with pytest.raises(ToolkitError, match="n_expert must be > 0"):
         archs.checked(HParams(n_layer=1, n_embd=64, n_head=4, n_ff=128, arch="qwen3moe"))

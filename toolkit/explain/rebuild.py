@@ -170,7 +170,7 @@ def hparams_from_log(p: ParsedLog, missing: list[str]) -> HParams:
         for rope in (False, True):
             _stub_tensors(f, p.n_tensors, tied, rope, n_rot)
             try:
-                out = common_hparams(f, arch.moe_tensors)
+                out = common_hparams(f, arch.moe_tensors, arch.moe_keys)
                 out["tied"] = tied
                 out.update(arch.read_hparams(f))
                 hp = HParams(**out, arch=name)

@@ -74,12 +74,13 @@ def check_shapes(f: GGUFFile, weights: Any) -> None:
                         f"{len(f.tensors)} ({extra[0]!r} is not a tensor of {f.architecture})", None, extra[0])
 
 
-def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = ()) -> dict[str, Any]:
+def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = (), moe_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """The keys ``llama_model::load_hparams`` reads for every architecture, as hyperparameter arguments:
     sizes (``feed_forward_length``, ``attention.head_count`` and ``head_count_kv`` per layer or not),
     head sizes, RoPE, the MoE keys, ``rope_freqs.weight`` (Llama-3.x rope scaling, read as values)
     and the weight types. ``moe_tensors``: the MoE tensors the architecture builds
-    (``Architecture.moe_tensors``), which are not refused."""
+    (``Architecture.moe_tensors``) and the MoE keys it reads itself (``Architecture.moe_keys``), which are
+    not refused."""
 
     def req(name: str) -> int:
         return f.require_int(f.arch_key(name))
@@ -113,7 +114,7 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = ()) -> dict[str, 
         "tied": "output.weight" not in f.tensors, "dtype": dtype, "tensor_types": overrides,
         "name": f.get_str("general.name") or Path(f.path).stem,
         # MoE variants the toolkit does not build are refused here (UnsupportedFeature)
-        "moe": moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors), moe_tensors),
+        "moe": moe.from_gguf(f.get_float, f.architecture or "llama", list(f.tensors), moe_tensors, moe_keys),
         # a split model: the shard of every tensor (the mmap'ed CPU buffers are one per file)
         **({"tensor_files": {n: t.file_index for n, t in f.tensors.items()}} if len(f.shards) > 1 else {}),
     }
@@ -162,7 +163,7 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
     except UnsupportedFeature as e:
         raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
     # load_arch_hparams runs after the common keys and may set what they left (gpt-oss's experts, n_ff)
-    kw = {**common_hparams(f, arch.moe_tensors), **arch.read_hparams(f), "arch": name}
+    kw = {**common_hparams(f, arch.moe_tensors, arch.moe_keys), **arch.read_hparams(f), "arch": name}
     if "n_ff" not in kw:
         raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
     try:

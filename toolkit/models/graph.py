@@ -35,7 +35,7 @@ from toolkit.ggml import ops
 from toolkit.ggml.graph import Graph
 from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F16, F32, I32
-from toolkit.models.inputs import GraphInput, InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
+from toolkit.models.inputs import GraphInput, InputAttnK, InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import KVCache, Memory, UBatch
 from toolkit.models.moe import build_moe_ffn
@@ -210,6 +210,21 @@ class GraphBuilder:
         res.inputs.append(inp)
         return inp
 
+    def build_attn_inp_k(self, res: GraphResult) -> InputAttnK:
+        """``build_attn_inp_k``: the write indices and the mask of a K-only cache (MLA)."""
+        if self.memory.kind != "kv" or self.memory.caches[0].has_v:
+            raise ValueError("build_attn_inp_k needs one K-only KV cache (an MLA model's)")
+        kv = self.memory.caches[0]
+        n_tokens = res.n_tokens
+        k_idxs = kv.build_input_k_idxs(n_tokens)
+        _, ns = _stream_range(res, kv)
+        kq_mask = ops.new_tensor_4d(F16 if self.flash_attn else F32, kv.kv_size, n_tokens // ns, 1, ns,
+                                    "attn_inp_kq_mask")
+        kq_mask.set_input()
+        inp = InputAttnK(kv, k_idxs, kq_mask)
+        res.inputs.append(inp)
+        return inp
+
     def build_attn_inp_kv_iswa(self, res: GraphResult) -> InputAttnKVISWA:
         """``build_attn_inp_kv_iswa``: the non-SWA cache's inputs, then the SWA cache's."""
         if self.memory.kind != "kv-iswa":
@@ -264,12 +279,11 @@ class GraphBuilder:
         and ``wo_b`` adds after it (``build_lora_mm``, the output bias). ``sinks`` (gpt-oss's attention
         sinks, F32 ``[n_head]``) become one more source of the attention: FLASH_ATTN_EXT's src[4]
         (``ggml_flash_attn_ext_add_sinks``) or the SOFT_MAX's src[2] (``ggml_soft_max_add_sinks``).
-        Not built yet, each raising UnsupportedFeature when given: ``kq_b`` (a KQ bias, T5's relative
-        positions) and ``v_mla`` (DeepSeek's MLA V up-projection after attention).
+        ``v_mla`` (MLA's ``wv_b``) decompresses the attention's output per head (``build_attn_mha``).
+        Not built yet, raising UnsupportedFeature when given: ``kq_b`` (a KQ bias, T5's relative positions).
         """
-        for name, t in (("kq_b", kq_b), ("v_mla", v_mla)):
-            if t is not None:
-                raise UnsupportedFeature(name, f"build_attn's {name} argument is not built yet (layer {il})")
+        if kq_b is not None:
+            raise UnsupportedFeature("kq_b", f"build_attn's kq_b argument is not built yet (layer {il})")
         gf = res.graph
         kv = inp.layer_input(il)
         gf.build_forward_expand(q_cur)
@@ -283,7 +297,27 @@ class GraphBuilder:
             gf.build_forward_expand(self._cpy_v(kv.cache, v_cur, kv.v_idxs, il))
         k = self._get_k(res, kv.cache, il)
         v = self._get_v(res, kv.cache, il)
-        cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale, sinks)
+        cur = self._attn_mha(res, il, q_cur, k, v, kv.kq_mask, kq_scale, sinks, v_mla)
+        return self._attn_out(res, cur, wo, wo_b, wo_s, il)
+
+    def build_attn_k(self, res: GraphResult, inp: InputAttnK, wo: Tensor | None, wo_b: Tensor | None,
+                     q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, v_mla: Tensor | None, kq_scale: float,
+                     il: int, *, wo_s: Tensor | None = None) -> Tensor:
+        """``build_attn(llm_graph_input_attn_k *, ...)``: MLA's attention over a K-only cache. Q, V, then K
+        are expanded; K is stored; V is a view of the cached K's first ``v_cur.ne[0]`` values (the
+        compressed ``kv_cmpr``), with K's strides; ``v_mla`` decompresses after the attention."""
+        gf = res.graph
+        for t in (q_cur, v_cur, k_cur):
+            gf.build_forward_expand(t)
+        gf.build_forward_expand(self._cpy_k(inp.cache, k_cur, inp.k_idxs, il))
+        k = self._get_k(res, inp.cache, il)
+        v = ops.view_4d(k, v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3], k.nb[1], k.nb[2], k.nb[3], 0)
+        cur = self._attn_mha(res, il, q_cur, k, v, inp.kq_mask, kq_scale, None, v_mla)
+        return self._attn_out(res, cur, wo, wo_b, wo_s, il)
+
+    def _attn_out(self, res: GraphResult, cur: Tensor, wo: Tensor | None, wo_b: Tensor | None,
+                  wo_s: Tensor | None, il: int) -> Tensor:
+        """``kqv_out``, then the output projection (``build_lora_mm(wo, cur, wo_s)``) and its bias."""
         self.cb(res, cur, "kqv_out", il)
         if wo is not None:
             cur = ops.mul_mat(wo, cur)
@@ -305,12 +339,15 @@ class GraphBuilder:
                                  m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), self.hp.moe, il)
         return self.build_ffn(res, il, cur, "silu")
 
-    def build_ffn(self, res: GraphResult, il: int, cur: Tensor, act: str) -> Tensor:
-        """``build_ffn(LLM_FFN_SILU | LLM_FFN_GELU, LLM_FFN_PAR)``: up, gate, swiglu/geglu(gate, up), down."""
+    def build_ffn(self, res: GraphResult, il: int, cur: Tensor, act: str, suffix: str = "") -> Tensor:
+        """``build_ffn(LLM_FFN_SILU | LLM_FFN_GELU, LLM_FFN_PAR)``: up, gate, swiglu/geglu(gate, up), down.
+        ``suffix`` picks other weights of the same shape of FFN (``_shexp``: a shared expert's
+        ``ffn_up_shexp`` & co.); the nodes keep their names."""
         p = f"blk.{il}."
         m, cb = self.model, self.cb
-        tmp = cb(res, self.build_lora_mm(m.w(p + "ffn_up.weight"), cur, p + "ffn_up.scale"), "ffn_up", il)
-        cur = cb(res, self.build_lora_mm(m.w(p + "ffn_gate.weight"), cur, p + "ffn_gate.scale"), "ffn_gate", il)
+        up, gate, down = (f"{p}ffn_{r}{suffix}" for r in ("up", "gate", "down"))
+        tmp = cb(res, self.build_lora_mm(m.w(up + ".weight"), cur, up + ".scale"), "ffn_up", il)
+        cur = cb(res, self.build_lora_mm(m.w(gate + ".weight"), cur, gate + ".scale"), "ffn_gate", il)
         if act == "silu":
             cur = cb(res, ops.swiglu_split(cur, tmp), "ffn_swiglu", il)
         elif act == "gelu":
@@ -318,7 +355,7 @@ class GraphBuilder:
         else:
             raise ValueError(f"FFN activation {act!r} is not built; known: silu, gelu")
         # llama.cpp names the product "ffn_down" only with a down bias; the caller names what it returns
-        return self.build_lora_mm(m.w(p + "ffn_down.weight"), cur, p + "ffn_down.scale")
+        return self.build_lora_mm(m.w(down + ".weight"), cur, down + ".scale")
 
     # ---- the KV cache (llama_kv_cache::cpy_k / cpy_v / get_k / get_v) ----------------------------
     def _cpy_k(self, kv: KVCache, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
@@ -373,7 +410,7 @@ class GraphBuilder:
                            stream * s0)
 
     def _attn_mha(self, res: GraphResult, il: int, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor,
-                  kq_scale: float, sinks: Tensor | None = None) -> Tensor:
+                  kq_scale: float, sinks: Tensor | None = None, v_mla: Tensor | None = None) -> Tensor:
         cb = self.cb
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -388,6 +425,11 @@ class GraphBuilder:
             cur = ops.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0, 0.0)
             res.fa_nodes.append((cur, il))
             ops.flash_attn_ext_add_sinks(cur, sinks)
+            if v_mla is not None:
+                # a matrix-matrix product with the tokens in dimension 1 (the permutes only relabel)
+                cur = ops.permute(cur, 0, 2, 1, 3)
+                cur = cb(res, ops.mul_mat(v_mla, cur), "fattn_mla", il)
+                cur = ops.cont(ops.permute(cur, 0, 2, 1, 3))
             cur = ops.reshape_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = cb(res, ops.mul_mat(k, q), "kq", il)
@@ -397,6 +439,8 @@ class GraphBuilder:
             if not v_trans:
                 v = cb(res, ops.cont(ops.transpose(v)), "v_cont", il)
             kqv = cb(res, ops.mul_mat(v, kq), "kqv", il)
+            if v_mla is not None:   # MLA: decompress from MQA back to one head per query head
+                kqv = cb(res, ops.mul_mat(v_mla, kqv), "kqv_mla", il)
             cur = ops.permute(kqv, 0, 2, 1, 3)
             cur = ops.cont_2d(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
             # the callback sees the merged heads first: with -nkvo it pins this node to the CPU

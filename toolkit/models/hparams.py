@@ -116,6 +116,37 @@ class SWAParams:
 
 
 @dataclass(frozen=True)
+class MLAParams:
+    """Multi-head latent attention (DeepSeek V2/V3, ``llama_hparams::is_mla``): ``q_lora_rank``
+    (``attention.q_lora_rank``, ``n_lora_q``; 0: the lite variants' plain ``attn_q``), ``kv_lora_rank``
+    (``attention.kv_lora_rank``, ``n_lora_kv``) and the decompressed head sizes ``n_embd_head_k_mla`` /
+    ``n_embd_head_v_mla`` (``attention.key_length_mla`` / ``value_length_mla``). The cache then holds
+    ``key_length = kv_lora_rank + n_rot`` values per token for one KV head, and no V."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    n_embd_head_k_mla: int
+    n_embd_head_v_mla: int
+
+    def __post_init__(self) -> None:
+        for f in ("kv_lora_rank", "n_embd_head_k_mla", "n_embd_head_v_mla"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ToolkitError(f"MLA's {f} {v!r} must be a positive integer")
+        if not isinstance(self.q_lora_rank, int) or isinstance(self.q_lora_rank, bool) or self.q_lora_rank < 0:
+            raise ToolkitError(f"MLA's q_lora_rank {self.q_lora_rank!r} must be an integer >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"q_lora_rank": self.q_lora_rank, "kv_lora_rank": self.kv_lora_rank,
+                "n_embd_head_k_mla": self.n_embd_head_k_mla, "n_embd_head_v_mla": self.n_embd_head_v_mla}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MLAParams:
+        return cls(int(d.get("q_lora_rank", 0) or 0), int(d["kv_lora_rank"]), int(d["n_embd_head_k_mla"]),
+                   int(d["n_embd_head_v_mla"]))
+
+
+@dataclass(frozen=True)
 class RopeScaling:
     """``rope.scaling.*``: the type (only ``yarn``, ``LLAMA_ROPE_SCALING_TYPE_YARN``), ``factor``
     (``rope_freq_scale_train = 1/factor``), ``orig_ctx`` (``original_context_length``, llama.cpp's
@@ -125,8 +156,8 @@ class RopeScaling:
     ``ext_factor`` 1, ``attn_factor`` ``get_mscale(factor, 1)`` cancelled by ``1/(1 + 0.1 ln factor)``
     (ggml's rope multiplies that back), ``beta_fast`` 32 and ``beta_slow`` 1 (``llama_hparams``' defaults).
     With ``yarn_log_mul`` the attention factor is ``get_mscale(factor, 1) / get_mscale(factor, yarn_log_mul)``
-    (``mscale == 1``: the constructor's DeepSeek-2 exception, which takes ``mscale = yarn_log_mul``, is
-    that architecture's to add).
+    (``mscale == 1``; DeepSeek-2's exception, ``mscale = yarn_log_mul``, is ``mscale``: its architecture
+    sets it). With ``yarn_log_mul`` the constructor logs the factor it set (:meth:`warning`).
 
     >>> RopeScaling("yarn", 32.0, 4096).freq_scale, RopeScaling("yarn", 32.0, 4096).attn_factor
     (0.03125, 1.0)
@@ -136,6 +167,7 @@ class RopeScaling:
     factor: float
     orig_ctx: int = 0
     yarn_log_mul: float = 0.0
+    mscale: float = 1.0   # llama_context's mscale (1, or DeepSeek-2's mscale_all_dims)
 
     def __post_init__(self) -> None:
         if self.type != "yarn":
@@ -146,6 +178,7 @@ class RopeScaling:
             raise ToolkitError(f"rope scaling original context {self.orig_ctx!r} must be an integer >= 0")
         object.__setattr__(self, "factor", float(self.factor))
         object.__setattr__(self, "yarn_log_mul", float(self.yarn_log_mul))
+        object.__setattr__(self, "mscale", float(self.mscale))
 
     @property
     def freq_scale(self) -> float:
@@ -159,21 +192,37 @@ class RopeScaling:
     def attn_factor(self) -> float:
         """``cparams.yarn_attn_factor`` (float32 arithmetic as llama.cpp's)."""
         f = np.float32(self.factor)
+        return float(np.float32(self._attn_factor_set()) *
+                     (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+
+    def _attn_factor_set(self) -> np.float32:
+        """The factor before the cancelling ``1/(1 + 0.1 ln factor)``: ``get_mscale(factor, mscale) /
+        get_mscale(factor, yarn_log_mul)`` with ``yarn_log_mul``, else ``get_mscale(factor, 1)``."""
+        f = np.float32(self.factor)
 
         def mscale(m: float) -> np.float32:
             return np.float32(1.0) if f <= 1 else np.float32(0.1) * np.float32(m) * np.log(f) + np.float32(1.0)
 
-        a = mscale(1.0) / mscale(self.yarn_log_mul) if self.yarn_log_mul != 0.0 else mscale(1.0)
-        return float(np.float32(a) * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
+        if self.yarn_log_mul != 0.0:
+            return np.float32(mscale(self.mscale) / mscale(self.yarn_log_mul))
+        return mscale(1.0)
+
+    def warning(self) -> str | None:
+        """The line ``llama_context``'s constructor logs when ``yarn_log_mul`` is set (None otherwise)."""
+        if self.yarn_log_mul == 0.0:
+            return None
+        return (f"llama_context: setting new yarn_attn_factor = {float(self._attn_factor_set()):.4f} "
+                f"(mscale == {self.mscale:.1f}, mscale_all_dim = {self.yarn_log_mul:.1f})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "factor": self.factor, "orig_ctx": self.orig_ctx,
-                **({"yarn_log_mul": self.yarn_log_mul} if self.yarn_log_mul else {})}
+                **({"yarn_log_mul": self.yarn_log_mul} if self.yarn_log_mul else {}),
+                **({"mscale": self.mscale} if self.mscale != 1.0 else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RopeScaling:
         return cls(str(d["type"]), float(d["factor"]), int(d.get("orig_ctx", 0) or 0),
-                   float(d.get("yarn_log_mul", 0.0) or 0.0))
+                   float(d.get("yarn_log_mul", 0.0) or 0.0), float(d.get("mscale", 1.0)))
 
 
 def _per_layer(what: str, value: int | Sequence[int], n_layer: int, min_value: int = 1) -> PerLayer:
@@ -268,6 +317,11 @@ class HParams:
     # the weights whose per-tensor "<name>.scale" (F32 [1], NVFP4's second-level scale) the file has: the
     # optional tensors llama_model::load_tensors' generic pass creates (TENSOR_NOT_REQUIRED), by weight name
     weight_scales: frozenset[str] = frozenset()
+    # multi-head latent attention (deepseek2): the K-only cache and the absorbed attention
+    mla: MLAParams | None = None
+    # the file has the optional Q/K norms (glm4moe's TENSOR_NOT_REQUIRED attn_q_norm / attn_k_norm); an
+    # architecture whose norms are required says so in its record (Architecture.qk_norm)
+    qk_norm: bool = False
 
     def __init__(self, n_layer: int, n_embd: int, n_head: int | Sequence[int] | None = None,
                  n_head_kv: int | Sequence[int] | None = None, n_ff: int | Sequence[int] | None = None, *,
@@ -282,7 +336,8 @@ class HParams:
                  recurrent: RecurrentParams | None = None, rope_sections: Sequence[int] | None = None,
                  n_layer_nextn: int = 0, n_head_arr: PerLayer | None = None,
                  n_head_kv_arr: PerLayer | None = None, n_ff_arr: PerLayer | None = None,
-                 tensor_files: Mapping[str, int] | None = None, weight_scales: Iterable[str] = ()) -> None:
+                 tensor_files: Mapping[str, int] | None = None, weight_scales: Iterable[str] = (),
+                 mla: MLAParams | None = None, qk_norm: bool = False) -> None:
         """``n_head``/``n_head_kv``/``n_ff``: one value or one per layer (``n_*_arr``, the stored
         fields, are what ``dataclasses.replace`` passes back)."""
         for f, v in (("n_layer", n_layer), ("n_embd", n_embd), ("n_vocab", n_vocab), ("n_ctx_train", n_ctx_train)):
@@ -311,7 +366,8 @@ class HParams:
                        ("recurrent", recurrent),
                        ("rope_sections", None if rope_sections is None else tuple(int(x) for x in rope_sections)),
                        ("n_layer_nextn", n_layer_nextn), ("tensor_files", dict(tensor_files or {})),
-                       ("weight_scales", frozenset(weight_scales))):
+                       ("weight_scales", frozenset(weight_scales)), ("mla", mla),
+                       ("qk_norm", bool(qk_norm))):
             s(self, k, val)
         self._check()
 
@@ -405,8 +461,15 @@ class HParams:
         return self.n_embd_head_v_at(il) * self.n_head_kv(il)
 
     def has_kv(self, il: int) -> bool:
-        """``llama_hparams::has_kv``: layer il writes its own K/V (``il < n_layer_kv_from_start``)."""
-        return il < self.n_layer - self.n_kv_shared
+        """``llama_hparams::has_kv``: layer il writes its own K/V (``il < n_layer_kv_from_start``; without
+        shared layers every block, the NextN/MTP ones too)."""
+        return not self.n_kv_shared or il < self.n_layer - self.n_kv_shared
+
+    @property
+    def is_mla(self) -> bool:
+        """``llama_hparams::is_mla``: the MLA head sizes are set; the KV cache then holds K only (``has_v``
+        false in ``llama_kv_cache``)."""
+        return self.mla is not None
 
     def n_embd_k_gqa_max(self) -> int:
         return max(self.n_embd_k_gqa(il) for il in range(self.n_layer))
@@ -513,6 +576,8 @@ class HParams:
                 n_layer_nextn=int(d.get("n_layer_all", d["n_layer"])) - int(d["n_layer"]),
                 tensor_files={str(k): int(v) for k, v in (d.get("tensor_files") or {}).items()},
                 weight_scales=[str(x) for x in d.get("weight_scales") or ()],
+                mla=MLAParams.from_dict(d["mla"]) if d.get("mla") else None,
+                qk_norm=bool(d.get("qk_norm", False)),
             )
         except KeyError as e:
             raise ToolkitError(f"model description lacks {e.args[0]!r}") from None
@@ -541,6 +606,8 @@ class HParams:
             **({"n_layer_all": self.n_layer_all} if self.n_layer_nextn else {}),
             **({"tensor_files": dict(self.tensor_files)} if self.tensor_files else {}),
             **({"weight_scales": sorted(self.weight_scales)} if self.weight_scales else {}),
+            **({"mla": self.mla.to_dict()} if self.mla is not None else {}),
+            **({"qk_norm": True} if self.qk_norm else {}),
         }
 
 

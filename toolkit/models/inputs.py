@@ -1,7 +1,7 @@
 """Graph inputs that fill themselves (``llm_graph_input_*`` of llama-graph.h), in numpy.
 
 The builder creates one object per input (``build_inp_embd``, ``build_inp_pos``,
-``build_inp_out_ids``, ``build_attn_inp_kv``, ``build_attn_inp_kv_iswa``) and keeps them in the
+``build_inp_out_ids``, ``build_attn_inp_kv``, ``build_attn_inp_k``, ``build_attn_inp_kv_iswa``) and keeps them in the
 graph's :attr:`~toolkit.models.graph.GraphResult.inputs`, in creation order. A runtime computes
 every input's values by looping over them: ``set_input(ubatch)`` returns ``{tensor: values}``,
 as ``llm_graph_input_i::set_input`` writes into the tensors' host buffers. The attention inputs
@@ -122,6 +122,21 @@ class InputAttnKV(GraphInput):
         c = self.cache
         return {self.k_idxs: c.set_input_k_idxs(ub), self.v_idxs: c.set_input_v_idxs(ub),
                 self.kq_mask: c.set_input_kq_mask(self.kq_mask, ub, self.causal)}
+
+
+@dataclass(eq=False)
+class InputAttnK(GraphInput):
+    """``llm_graph_input_attn_k``: the write indices and mask of a K-only cache (MLA: no V, so no
+    ``self_v_idxs``)."""
+
+    cache: KVCache
+    k_idxs: Tensor
+    kq_mask: Tensor
+    causal: bool = True
+
+    def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        c = self.cache
+        return {self.k_idxs: c.set_input_k_idxs(ub), self.kq_mask: c.set_input_kq_mask(self.kq_mask, ub, self.causal)}
 
 
 @dataclass(eq=False)

@@ -412,7 +412,8 @@ def make_kv_cache(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
     devs = model.devices
     kv_size = rp.kv_size if kv_size is None else kv_size
     n_stream = rp.n_stream
-    layers = list(range(hp.n_layer)) if layers is None else layers
+    # llama_kv_cache walks every block (n_layer_all): a NextN/MTP block that the graph skips still gets cells
+    layers = list(range(hp.n_layer_all)) if layers is None else layers
     reuse = {il: src for il, src in layer_reuse(hp).items() if il in layers}
     layers = [il for il in layers if il not in reuse]
     ks: list[Tensor] = []
@@ -632,9 +633,11 @@ def create_memory(model: LoadedModel, rp: ResolvedParams, *, offload_kqv: bool, 
     if kind == MEMORY_HYBRID:
         return create_hybrid_memory(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn)
     if not hp.is_swa_any:
-        return Memory([make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn)], "kv")
-    swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-    base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        # has_v = !is_mla: MLA's cache holds the compressed K (kv_lora_rank + n_rot per token) and no V
+        return Memory([make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn,
+                                     has_v=not hp.is_mla)], "kv")
+    swa = [il for il in range(hp.n_layer_all) if hp.is_swa(il)]
+    base = [il for il in range(hp.n_layer_all) if not hp.is_swa(il)]
     kv_base = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=base, kind="non-SWA")
     size = swa_cache_size(hp, rp, swa_full=swa_full, unified=unified)
     kv_swa = make_kv_cache(model, rp, offload_kqv=offload_kqv, flash_attn=flash_attn, layers=swa, kv_size=size,

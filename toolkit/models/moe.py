@@ -54,7 +54,11 @@ MAX_EXPERTS = 512
 # and LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT (top-k on the logits, softmax over the k chosen: gpt-oss)
 GATING_SOFTMAX = "softmax"
 GATING_SOFTMAX_WEIGHT = "softmax_weight"
-GATING_FUNCS = (GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT)
+# LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (DeepSeek V3, GLM-4.5: a sigmoid per expert, then top-k)
+GATING_SIGMOID = "sigmoid"
+GATING_FUNCS = (GATING_SOFTMAX, GATING_SOFTMAX_WEIGHT, GATING_SIGMOID)
+# the expert_gating_func key's values (llama_expert_gating_func_type): 1 softmax, 2 sigmoid, 3 softmax_weight
+GATING_FUNC_IDS = {1: GATING_SOFTMAX, 2: GATING_SIGMOID, 3: GATING_SOFTMAX_WEIGHT}
 # llm_ffn_op_type of the experts: LLM_FFN_SILU (SWIGLU of gate and up) and LLM_FFN_SWIGLU_OAI_MOE
 FFN_SILU = "silu"
 FFN_SWIGLU_OAI = "swiglu_oai"
@@ -79,6 +83,20 @@ class MoEParams:
     weights_scale: float = 0.0
     gating: str = "softmax"
     n_ff_shexp: int = 0     # expert_shared_feed_forward_length: a shared expert built beside (qwen35moe)
+    # expert_shared_count (llama_hparams::n_expert_shared): shared experts of width n_ff_exp each, built as one
+    # FFN of width n_ff_exp * n_expert_shared beside the routed ones (deepseek2, glm4moe)
+    n_expert_shared: int = 0
+    # expert_weights_norm: divide the selected weights by their sum (read by deepseek2 and glm4moe; llama and
+    # qwen3moe always normalise, gpt-oss never: their graphs pass norm_w themselves)
+    weights_norm: bool = False
+    # expert_group_count / expert_group_used_count (llama_hparams::n_expert_groups, n_group_used; read for
+    # every architecture): pick the n_group_used best groups of experts first (DeepSeek V3's group-limited routing)
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    # leading_dense_block_count (llama_hparams::n_layer_dense_lead): the first layers keep a dense FFN
+    n_layer_dense_lead: int = 0
+    # exp_probs_b.bias: every MoE layer has DeepSeek V3's expert selection bias (deepseek2, glm4moe)
+    exp_probs_b: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.n_expert, int) or not 0 < self.n_expert <= MAX_EXPERTS:
@@ -89,6 +107,18 @@ class MoEParams:
             raise ValueError(f"n_ff_shexp={self.n_ff_shexp!r} must be an integer >= 0")
         if not isinstance(self.n_ff_exp, int) or self.n_ff_exp < 0:
             raise ValueError(f"n_ff_exp={self.n_ff_exp!r} must be an integer >= 0")
+        for f in ("n_expert_shared", "n_expert_groups", "n_group_used", "n_layer_dense_lead"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{f}={v!r} must be an integer >= 0")
+        if self.n_expert_groups > 1:
+            # llama_model::load_hparams' asserts
+            if self.n_expert_groups >= self.n_expert or self.n_expert % self.n_expert_groups:
+                raise ValueError(f"n_expert_groups={self.n_expert_groups} must divide n_expert={self.n_expert} "
+                                 "and be smaller")
+            if not 0 < self.n_group_used < self.n_expert_groups:
+                raise ValueError(f"n_group_used={self.n_group_used} must be in 1..n_expert_groups-1="
+                                 f"{self.n_expert_groups - 1}")
         if self.gating not in GATING_FUNCS:
             raise UnsupportedFeature(f"expert gating {self.gating}",
                                      f"expert gating function {self.gating!r} is not implemented "
@@ -108,10 +138,24 @@ class MoEParams:
     def ff(self, n_ff: int) -> int:
         return self.n_ff_exp or n_ff
 
+    def is_moe_layer(self, il: int) -> bool:
+        """Layer il routes through experts (``il >= n_layer_dense_lead``)."""
+        return il >= self.n_layer_dense_lead
+
+    @property
+    def groups_routed(self) -> bool:
+        """build_moe_ffn selects expert groups first (``n_expert_groups > 1``)."""
+        return self.n_expert_groups > 1
+
     def to_dict(self) -> dict[str, Any]:
         return {"n_expert": self.n_expert, "n_expert_used": self.n_expert_used, "n_ff_exp": self.n_ff_exp,
                 "expert_weights_scale": self.weights_scale, "expert_gating": self.gating,
-                **({"n_ff_shexp": self.n_ff_shexp} if self.n_ff_shexp else {})}
+                **({"n_ff_shexp": self.n_ff_shexp} if self.n_ff_shexp else {}),
+                **{k: v for k, v in (("n_expert_shared", self.n_expert_shared),
+                                     ("expert_weights_norm", self.weights_norm),
+                                     ("n_expert_groups", self.n_expert_groups), ("n_group_used", self.n_group_used),
+                                     ("n_layer_dense_lead", self.n_layer_dense_lead),
+                                     ("exp_probs_b", self.exp_probs_b)) if v}}
 
 
 def layer_tensors(p: MoEParams, n_embd: int, n_ff: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
@@ -134,14 +178,19 @@ def from_dict(d: Mapping[str, Any]) -> MoEParams | None:
     return MoEParams(n_expert=n, n_expert_used=int(d.get("n_expert_used", 0) or 0),
                      n_ff_exp=int(d.get("n_ff_exp", 0) or 0),
                      weights_scale=float(d.get("expert_weights_scale", 0.0) or 0.0),
-                     gating=str(d.get("expert_gating", "softmax")), n_ff_shexp=int(d.get("n_ff_shexp", 0) or 0))
+                     gating=str(d.get("expert_gating", "softmax")), n_ff_shexp=int(d.get("n_ff_shexp", 0) or 0),
+                     n_expert_shared=int(d.get("n_expert_shared", 0) or 0),
+                     weights_norm=bool(d.get("expert_weights_norm", False)),
+                     n_expert_groups=int(d.get("n_expert_groups", 0) or 0),
+                     n_group_used=int(d.get("n_group_used", 0) or 0),
+                     n_layer_dense_lead=int(d.get("n_layer_dense_lead", 0) or 0),
+                     exp_probs_b=bool(d.get("exp_probs_b", False)))
 
 
-# GGUF keys of MoE variants build_moe_ffn's plain path does not cover
+# GGUF keys of MoE variants only some architectures build (Architecture.moe_keys lists those it reads)
 _UNSUPPORTED_KEYS = {
     "expert_shared_count": "shared experts",
     "leading_dense_block_count": "leading dense blocks",
-    "expert_group_count": "expert groups",
 }
 _UNSUPPORTED_TENSORS = {
     "_shexp": "shared experts", "ffn_gate_up_exps": "merged gate/up experts", "exp_probs_b": "expert selection bias",
@@ -150,12 +199,16 @@ _UNSUPPORTED_TENSORS = {
 
 
 def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
-              built: tuple[str, ...] = ()) -> MoEParams | None:
+              built: tuple[str, ...] = (), built_keys: tuple[str, ...] = ()) -> MoEParams | None:
     """The MoE keys of a GGUF (``<arch>.expert_count`` & co.) through ``get(key) -> value | None``.
 
-    Variants this toolkit does not build (shared experts, expert groups, merged gate/up) are refused
+    Variants the architecture does not build (shared experts, dense leading layers, merged gate/up, the
+    selection bias) are refused
     with :class:`UnsupportedFeature` naming the feature, except the tensors in ``built``
-    (``Architecture.moe_tensors``: the architecture builds them). The router and expert biases are built (an
+    (``Architecture.moe_tensors``: the architecture builds them) and the keys in ``built_keys`` (the
+    architecture reads them in its ``load_arch_hparams``). The expert groups
+    (``expert_group_count``, ``expert_group_used_count``) are read for every architecture, as
+    ``llama_model::load_hparams`` does. The router and expert biases are built (an
     architecture that lists them, gpt-oss); a file of another architecture that carries them has more
     tensors than its architecture creates, which :func:`toolkit.models.gguf.check_shapes` refuses.
     """
@@ -164,7 +217,7 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
         return None
     for key, feature in _UNSUPPORTED_KEYS.items():
         v = get(f"{arch}.{key}")
-        if v:
+        if v and key not in built_keys:
             raise UnsupportedFeature(feature, f"GGUF key {arch}.{key}={v}: {feature} are not implemented")
     # expert_shared_feed_forward_length (llama_hparams::n_ff_shexp): the architecture builds a shared expert
     # beside the routed ones (qwen35moe); its architecture's tensor list decides whether the file fits
@@ -173,10 +226,12 @@ def from_gguf(get: Callable[[str], Any], arch: str, tensor_names: list[str],
         for frag, feature in _UNSUPPORTED_TENSORS.items():
             if frag in name and frag not in built and not (frag == "_shexp" and n_ff_shexp):
                 raise UnsupportedFeature(feature, f"tensor {name}: {feature} are not implemented")
-    # expert_weights_scale is read by llm_load_hparams only for architectures that scale the weights
-    # (DeepSeek and others, not built here); llama and qwen3moe keep hparams.expert_weights_scale = 0
+    # expert_weights_scale is read only by the load_arch_hparams of architectures that scale the weights
+    # (deepseek2 and glm4moe read their own MoE keys); llama and qwen3moe keep hparams.expert_weights_scale = 0
     return MoEParams(n_expert=n, n_expert_used=int(get(f"{arch}.expert_used_count") or 0),
-                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0), n_ff_shexp=n_ff_shexp)
+                     n_ff_exp=int(get(f"{arch}.expert_feed_forward_length") or 0), n_ff_shexp=n_ff_shexp,
+                     n_expert_groups=int(get(f"{arch}.expert_group_count") or 0),
+                     n_group_used=int(get(f"{arch}.expert_group_used_count") or 0))
 
 
 def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None, up_exps: Tensor | None,
@@ -185,7 +240,7 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None,
                   gate_exps_b: Tensor | None = None, down_exps_b: Tensor | None = None, type_op: str = FFN_SILU,
                   norm_w: bool = True, probs_in: Tensor | None = None, gate_up_exps: Tensor | None = None,
                   up_exps_s: Tensor | None = None, gate_exps_s: Tensor | None = None,
-                  down_exps_s: Tensor | None = None) -> Tensor:
+                  down_exps_s: Tensor | None = None, exp_probs_b: Tensor | None = None) -> Tensor:
     """``build_moe_ffn(cur, gate_inp, gate_inp_b, up_exps, up_exps_b, gate_exps, gate_exps_b, down_exps,
     down_exps_b, …, type_op, norm_w, expert_weights_scale, gating_op, il)`` for ``cur`` ``[n_embd, n_tokens]``;
     returns ``ffn_moe_out``.
@@ -196,7 +251,12 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None,
     ``ffn_moe_weights_softmax``; ``norm_w``: divided by their clamped sum), the scale, then the experts:
     up (+ ``up_exps_b`` through ADD_ID), gate (+ ``gate_exps_b``), the activation (``type_op``:
     ``silu`` SWIGLU or ``swiglu_oai`` with alpha 1.702 and limit 7), down (+ ``down_exps_b``), weighted,
-    and the sum over the k views. Shared experts, selection biases and expert groups are not built.
+    and the sum over the k views. Shared experts are the architecture's (a dense FFN beside it).
+
+    DeepSeek V3's routing: ``p.gating`` ``sigmoid`` (SIGMOID instead of SOFT_MAX), ``exp_probs_b`` (the
+    selection bias, ``ffn_moe_probs_biased``: the top-k reads the biased scores, the weights the unbiased
+    ones) and expert groups (``p.n_expert_groups`` > 1: :func:`_select_groups` masks every group but the
+    ``n_group_used`` best before the top-k).
 
     Gemma 4's branches: ``probs_in`` (router logits the architecture computed, used instead of
     ``ffn_moe_logits``), ``gate_up_exps`` (one merged ``[n_embd, 2 n_ff_exp, n_expert]`` tensor whose
@@ -217,9 +277,20 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None,
         logits = probs_in
     if gate_inp_b is not None:
         logits = cb(ops.add(logits, gate_inp_b), "ffn_moe_logits_biased", il)
-    probs = ops.soft_max(logits) if p.gating == GATING_SOFTMAX else logits  # SOFTMAX_WEIGHT: probs = logits
+    if p.gating == GATING_SOFTMAX:
+        probs = ops.soft_max(logits)
+    elif p.gating == GATING_SIGMOID:
+        probs = ops.sigmoid(logits)
+    else:
+        probs = logits                                                       # SOFTMAX_WEIGHT: probs = logits
     cb(probs, "ffn_moe_probs", il)
-    selected = ops.argsort_top_k(probs, k)                                   # [k, n_tokens] view of the ARGSORT
+    # the selection bias (DeepSeek V3's exp_probs_b) moves the choice only: the weights stay unbiased
+    selection = probs
+    if exp_probs_b is not None:
+        selection = cb(ops.add(probs, exp_probs_b), "ffn_moe_probs_biased", il)
+    if p.groups_routed and n_tokens > 0:
+        selection = _select_groups(cb, selection, p, n_tokens, il)
+    selected = ops.argsort_top_k(selection, k)                               # [k, n_tokens] view of the ARGSORT
     src = selected.src[0]
     assert src is not None
     cb(src, "ffn_moe_argsort", il)
@@ -285,6 +356,24 @@ def build_moe_ffn(gf: Graph, cb: Callback, cur: Tensor, gate_inp: Tensor | None,
     if k == 1:
         out = ops.cont(out)  # avoid returning a non-contiguous tensor
     return cb(out, "ffn_moe_out", il)
+
+
+def _select_groups(cb: Callback, selection: Tensor, p: MoEParams, n_tokens: int, il: int) -> Tensor:
+    """build_moe_ffn's group-limited routing: each group scores the sum of its two best experts (ARGSORT
+    top 2, GET_ROWS, SUM_ROWS), the ``n_group_used`` best groups are kept (``ffn_moe_group_topk``) and the
+    others' experts set to -inf (GET_ROWS of the kept groups, SET_ROWS into a FILL of -inf):
+    ``ffn_moe_probs_masked`` ``[n_expert, n_tokens]``."""
+    n_groups = p.n_expert_groups
+    per_group = p.n_expert // n_groups
+    groups = ops.reshape_3d(selection, per_group, n_groups, n_tokens)           # [per_group, n_groups, T]
+    top2 = ops.argsort_top_k(groups, 2)                                         # [2, n_groups, T]
+    scores = ops.get_rows(ops.reshape_4d(groups, 1, groups.ne[0], groups.ne[1], groups.ne[2]), top2)
+    scores = ops.sum_rows(ops.reshape_3d(scores, scores.ne[1], scores.ne[2], scores.ne[3]))  # [1, n_groups, T]
+    scores = ops.reshape_2d(scores, scores.ne[1], scores.ne[2])                 # [n_groups, T]
+    kept = cb(ops.argsort_top_k(scores, p.n_group_used), "ffn_moe_group_topk", il)  # [n_group_used, T]
+    rows = ops.get_rows(groups, kept)                                           # [per_group, n_group_used, T]
+    masked = ops.set_rows(ops.fill(groups, -math.inf), rows, kept)              # [per_group, n_groups, T]
+    return cb(ops.reshape_2d(masked, p.n_expert, n_tokens), "ffn_moe_probs_masked", il)
 
 
 def _mm_id(w: Tensor, cur: Tensor, ids: Tensor, w_s: Tensor | None) -> Tensor:

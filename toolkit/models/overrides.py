@@ -120,6 +120,8 @@ def match(rules: Sequence[OverrideRule], name: str) -> OverrideRule | None:
     return None
 
 
-def warnings(rules: Sequence[OverrideRule], use_mmap: bool) -> list[str]:
-    """llama_model_loader's warning for an override to CPU while the model is memory-mapped."""
-    return [MMAP_WARNING] if use_mmap and any(r.buft == CPU_BUFT for r in rules) else []
+def warnings(rules: Sequence[OverrideRule], overridden: Sequence[TensorOverride], use_mmap: bool) -> list[str]:
+    """llama_model_loader's warning, once, when a weight matched an override to CPU while the model is
+    memory-mapped (a rule that matches no tensor, as ``--n-cpu-moe`` over a dense leading layer, warns not)."""
+    to_cpu = any((r := match(rules, o.tensor)) is not None and r.buft == CPU_BUFT for o in overridden)
+    return [MMAP_WARNING] if use_mmap and to_cpu else []

@@ -2,7 +2,7 @@
 
 The shaped presets (Llama-3-8B/70B, Llama-3.1-8B, Llama-3.2-1B, Qwen3-8B, Gemma-3-12B/27B, and after
 them Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b/120b, Gemma-4-31B, Gemma-4-26B-A4B, Gemma-4-E4B,
-Qwen3.6-35B-A3B and Qwen3.6-27B)
+Qwen3.6-35B-A3B, Qwen3.6-27B, DeepSeek-V3, GLM-4.7-Flash, GLM-4.5-Air)
 only take the hyperparameters of the public models (no weights): they are for planning
 buffers and splits at realistic sizes.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
-from toolkit.models.hparams import HParams, RopeScaling, SWAParams
+from toolkit.models.hparams import HParams, MLAParams, RopeScaling, SWAParams
 from toolkit.models.moe import MoEParams
 
 
@@ -136,7 +136,8 @@ PRESET_LABELS: dict[str, str] = {
 def get(name: str) -> HParams:
     """A preset by name (``tiny``, ``small``, ``med``, ``llama3_8b``, ``llama3_70b``, ``llama3_1_8b``,
     ``llama3_2_1b``, ``qwen3_8b``, ``gemma3_12b``, ``gemma3_27b``, ``mixtral_8x7b``, ``qwen3_30b_a3b``,
-    ``gpt_oss_20b``, ``gpt_oss_120b``, ``gemma4_31b``, ``gemma4_26b_a4b``, ``gemma4_e4b``);
+    ``gpt_oss_20b``, ``gpt_oss_120b``, ``gemma4_31b``, ``gemma4_26b_a4b``, ``gemma4_e4b``, ``tiny_deepseek2``,
+    ``tiny_glm4moe``, ``deepseek_v3``, ``glm4_7_flash``, ``glm4_5_air``);
     ``name:type`` gives it another weight type (``qwen3_30b_a3b:q8_0``).
 
     >>> get("qwen3_30b_a3b:q8_0").name
@@ -331,4 +332,86 @@ def qwen3_6_27b(dtype: str | GGMLType = "q4_k") -> HParams:
 
 PRESETS.update({"qwen3_6_35b_a3b": qwen3_6_35b_a3b, "qwen3_6_27b": qwen3_6_27b})
 PRESET_LABELS.update({"Qwen3.6-35B-A3B": "qwen3_6_35b_a3b", "Qwen3.6-27B": "qwen3_6_27b"})
+
+# ---- deepseek2 (MLA) and glm4moe --------------------------------------------------------------------------
+
+def tiny_deepseek2(dtype: str | GGMLType = "f32") -> HParams:
+    """The oracle's ``tiny_deepseek2_f32``: 4 layers (the first dense, n_ff 256), n_embd 128, 4 heads with
+    MLA (q_lora 64, kv_lora 64, rope 16, nope 32, v_head 32: one cached KV head of 64 + 16), 8 experts of 64
+    with 2 used, 1 shared, sigmoid gating with ``exp_probs_b``, weights norm and scale 2.5, 4 expert groups
+    with 2 used, YaRN factor 4 over 4096 (log multiplier 0.1 in the file, 1 once read), vocab 32000."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=4, n_embd=128, n_head=4, n_head_kv=1, n_ff=256, n_ctx_train=16384, n_embd_head_k_=80,
+                   n_embd_head_v_=64, n_rot_=16, eps=1e-6, dtype=t, arch="deepseek2", name=f"tiny_deepseek2_{t.lower}",
+                   mla=MLAParams(64, 64, 48, 32), rope_scaling=RopeScaling("yarn", 4.0, 4096, 1.0, 1.0),
+                   moe=MoEParams(8, 2, 64, weights_scale=2.5, gating="sigmoid", n_expert_shared=1, weights_norm=True,
+                                 n_expert_groups=4, n_group_used=2, n_layer_dense_lead=1, exp_probs_b=True))
+
+
+def tiny_glm4moe(dtype: str | GGMLType = "f32") -> HParams:
+    """The oracle's ``tiny_glm4moe_f32``: 4 layers (the first dense, n_ff 256) and 1 NextN block, n_embd 128,
+    4 heads (2 KV) of 64 with Q/K/V biases and partial NEOX RoPE 32, rope base 1e6, 8 experts of 64 with 2
+    used, 1 shared, sigmoid gating with ``exp_probs_b``, weights norm, vocab 32000."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx_train=131072, n_embd_head_k_=64,
+                   n_embd_head_v_=64, n_rot_=32,
+                   rope_freq_base=1000000.0, dtype=t, arch="glm4moe", name=f"tiny_glm4moe_{t.lower}", n_layer_nextn=1,
+                   moe=MoEParams(8, 2, 64, weights_scale=1.0, gating="sigmoid", n_expert_shared=1, weights_norm=True,
+                                 n_layer_dense_lead=1, exp_probs_b=True))
+
+
+def deepseek_v3(dtype: str | GGMLType = "q4_k") -> HParams:
+    """DeepSeek-V3-shaped (deepseek-ai/DeepSeek-V3's config.json, 671B): 61 layers (the first 3 dense,
+    intermediate_size 18432), hidden_size 7168, 128 heads with MLA (q_lora_rank 1536, kv_lora_rank 512,
+    qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128: one cached head of 512 + 64), 256 routed experts
+    of moe_intermediate_size 2048 with 8 used, 1 shared, sigmoid scoring with the selection bias, 8 groups of
+    which 4 are used (n_group, topk_group), norm_topk_prob, routed_scaling_factor 2.5, vocab 129280, 160K
+    context (YaRN factor 40 over 4096, mscale_all_dim 1: the converter writes 0.1, read as 1), rope_theta 1e4,
+    rms_norm_eps 1e-6. Written as convert_hf_to_gguf writes it: without the MTP block (num_nextn_predict_layers
+    1 in the config). ``attn_k_b``'s rows of 128 are no whole Q4_K block: stored F16."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=61, n_embd=7168, n_head=128, n_head_kv=1, n_ff=18432, n_vocab=129280, n_ctx_train=163840,
+                   n_embd_head_k_=576, n_embd_head_v_=512, n_rot_=64, eps=1e-6, dtype=t, arch="deepseek2",
+                   name=f"deepseek-v3_{t.lower}", mla=MLAParams(1536, 512, 192, 128),
+                   rope_scaling=RopeScaling("yarn", 40.0, 4096, 1.0, 1.0),
+                   moe=MoEParams(256, 8, 2048, weights_scale=2.5, gating="sigmoid", n_expert_shared=1,
+                                 weights_norm=True, n_expert_groups=8, n_group_used=4, n_layer_dense_lead=3,
+                                 exp_probs_b=True))
+
+
+def glm4_7_flash(dtype: str | GGMLType = "q4_k") -> HParams:
+    """GLM-4.7-Flash-shaped (zai-org/GLM-4.7-Flash's config.json, a ``deepseek2`` file: 30B-A3B): 47 layers (the
+    first dense, intermediate_size 10240) plus the NextN block, hidden_size 2048, 20 heads with MLA (q_lora_rank
+    768, kv_lora_rank 512, qk_nope_head_dim 192, qk_rope_head_dim 64, v_head_dim 256), 64 routed experts of
+    moe_intermediate_size 1536 with 4 used, 1 shared, sigmoid scoring with the selection bias (no groups),
+    norm_topk_prob, routed_scaling_factor 1.8, vocab 154880, max_position_embeddings 202752, rope_theta 1e6,
+    rms_norm_eps 1e-5. ``attn_k_b``'s rows of 192 are no whole Q4_K block: stored F16."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=47, n_embd=2048, n_head=20, n_head_kv=1, n_ff=10240, n_vocab=154880, n_ctx_train=202752,
+                   n_embd_head_k_=576, n_embd_head_v_=512, n_rot_=64, rope_freq_base=1000000.0, eps=1e-5, dtype=t,
+                   arch="deepseek2", name=f"glm-4.7-flash_{t.lower}", n_layer_nextn=1,
+                   mla=MLAParams(768, 512, 256, 256),
+                   moe=MoEParams(64, 4, 1536, weights_scale=1.8, gating="sigmoid", n_expert_shared=1,
+                                 weights_norm=True, n_layer_dense_lead=1, exp_probs_b=True))
+
+
+def glm4_5_air(dtype: str | GGMLType = "q4_0") -> HParams:
+    """GLM-4.5-Air-shaped (zai-org/GLM-4.5-Air's config.json, ``glm4moe``: 106B-A12B): 46 layers (the first
+    dense, intermediate_size 10944) plus the NextN block, hidden_size 4096, 96 heads (8 KV) of 128 with Q/K/V
+    biases and no Q/K norms, partial_rotary_factor 0.5 (64 of 128 rotated), 128 routed experts of
+    moe_intermediate_size 1408 with 8 used, 1 shared, sigmoid scoring with the selection bias, norm_topk_prob,
+    routed_scaling_factor 1, vocab 151552, 128K context, rope_theta 1e6, rms_norm_eps 1e-5. Q4_0 by default:
+    1408 and 10944 are whole Q4_0 blocks (32) but not Q4_K blocks (256)."""
+    t = GGMLType.parse(dtype)
+    return HParams(n_layer=46, n_embd=4096, n_head=96, n_head_kv=8, n_ff=10944, n_vocab=151552, n_ctx_train=131072,
+                   n_embd_head_k_=128, n_embd_head_v_=128, n_rot_=64, rope_freq_base=1000000.0, eps=1e-5, dtype=t,
+                   arch="glm4moe", name=f"glm-4.5-air_{t.lower}", n_layer_nextn=1,
+                   moe=MoEParams(128, 8, 1408, weights_scale=1.0, gating="sigmoid", n_expert_shared=1,
+                                 weights_norm=True, n_layer_dense_lead=1, exp_probs_b=True))
+
+
+PRESETS.update({"tiny_deepseek2": tiny_deepseek2, "tiny_glm4moe": tiny_glm4moe, "deepseek_v3": deepseek_v3,
+                "glm4_7_flash": glm4_7_flash, "glm4_5_air": glm4_5_air})
+PRESET_LABELS.update({"tiny deepseek2 (MLA)": "tiny_deepseek2", "tiny glm4moe": "tiny_glm4moe",
+                      "DeepSeek-V3": "deepseek_v3", "GLM-4.7-Flash": "glm4_7_flash", "GLM-4.5-Air": "glm4_5_air"})
 assert set(PRESET_LABELS.values()) == set(PRESETS)

@@ -156,9 +156,13 @@ def setup(hp: HParams, cp: ContextParams, backends: list[Backend] | None = None,
     n_ctx_padded = -(-(cp.n_ctx if cp.n_ctx > 0 else hp.n_ctx_train) // 256) * 256
     if not cp.kv_unified and rp.n_ctx != n_ctx_padded:
         warnings = [f"llama_context: n_ctx is not divisible by n_seq_max - rounding down to {rp.n_ctx}", *warnings]
+    yarn = hp.rope_scaling.warning() if hp.rope_scaling is not None else None
+    if yarn is not None:   # the constructor sets the YaRN factors before it checks n_ctx
+        warnings = [yarn, *warnings]
     pp, check = pipeline_parallel(hp, cp, devs)
     # llama_model_loader warns before the memory is created
-    warnings = [*overrides.warnings(model.override_rules, cp.use_mmap), *model.warnings, *warnings]
+    warnings = [*overrides.warnings(model.override_rules, model.tensor_overrides, cp.use_mmap), *model.warnings,
+                *warnings]
     return ContextSetup(hp, cp, rp, devs, model, memory, output_buffer(model, rp), fa, pp, check, warnings)
 
 

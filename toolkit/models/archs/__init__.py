@@ -3,12 +3,14 @@
 Each built-in architecture is a module of this package holding its whole description (see
 :class:`~toolkit.models.archs.base.Architecture`): ``llama`` (with or without experts), ``qwen3``
 and ``qwen3moe`` (one module: qwen3moe is qwen3's layer with ``build_moe_ffn`` in the FFN slot),
-``gemma3``, ``gpt-oss``. Another architecture is added with :func:`register`, from a module of this package or
+``gemma3``, ``gpt-oss``, ``gemma4``, ``qwen35``/``qwen35moe``, ``lfm2``, ``deepseek2`` (MLA) and
+``glm4moe``. Another architecture is added with :func:`register`, from a module of this package or
 from outside the toolkit (a test, a notebook):
 
 >>> from toolkit.models import archs
 >>> archs.names()
-('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss', 'gemma4', 'qwen35', 'qwen35moe', 'lfm2')
+('llama', 'qwen3', 'qwen3moe', 'gemma3', 'gpt-oss', 'gemma4', 'qwen35', 'qwen35moe', 'lfm2', 'deepseek2',
+ 'glm4moe')
 >>> archs.get("gemma3").rope_type, archs.get("qwen3").qk_norm
 (2, True)
 
@@ -20,7 +22,7 @@ hyperparameters name their architecture (``arch``) and the setup looks its recor
 from __future__ import annotations
 
 from toolkit.errors import ParameterError, UnsupportedFeature
-from toolkit.models.archs import gemma3, gemma4, gpt_oss, lfm2, llama, qwen3, qwen35
+from toolkit.models.archs import deepseek2, gemma3, gemma4, glm4moe, gpt_oss, lfm2, llama, qwen3, qwen35
 from toolkit.models.archs.base import (
     MEMORY_KV,
     ROPE_TYPE_NEOX,
@@ -31,7 +33,7 @@ from toolkit.models.archs.base import (
 from toolkit.models.hparams import HParams
 
 # the modules of this package that define the built-in architectures (each exports ARCHITECTURES)
-BUILTIN_MODULES = (llama, qwen3, gemma3, gpt_oss, gemma4, qwen35, lfm2)
+BUILTIN_MODULES = (llama, qwen3, gemma3, gpt_oss, gemma4, qwen35, lfm2, deepseek2, glm4moe)
 
 _registry: dict[str, Architecture] = {arch.name: arch for m in BUILTIN_MODULES for arch in m.ARCHITECTURES}
 

@@ -18,7 +18,8 @@ defines ``load_arch_hparams``, ``load_arch_tensors`` and ``build_arch_graph`` fo
 - :meth:`Architecture.graph_max_nodes`: ``llama_context::graph_max_nodes`` for it;
 - :meth:`Architecture.check`: what ``load_arch_tensors`` refuses (a missing feature, an invalid mix).
 
-The pieces the architectures share (Q/K/V/O projections, the dense gated FFN, the experts) are
+The pieces the architectures share (Q/K/V/O projections, the dense gated FFN, the experts, and the
+DeepSeek-style MoE layer of deepseek2 and glm4moe: its tensors, keys, NextN block and routed experts) are
 the functions below, as llama.cpp's ``create_tensor_qkv`` is shared.
 """
 
@@ -28,11 +29,14 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toolkit.errors import ToolkitError
+import numpy as np
+
+from toolkit.errors import GGUFError, ToolkitError, UnsupportedFeature
+from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F32
 from toolkit.models import moe as moe_ffn
-from toolkit.models.graph import GraphBuilder
-from toolkit.models.hparams import ROPE_FREQS_LAYER, SCALED_LAYER_WEIGHTS, HParams, WeightInfo
+from toolkit.models.graph import GraphBuilder, GraphResult
+from toolkit.models.hparams import ROPE_FREQS_LAYER, SCALED_LAYER_WEIGHTS, HParams, RopeScaling, WeightInfo
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import Memory
 
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 # llama_rope_type: LLAMA_ROPE_TYPE_NORM (adjacent pairs) and LLAMA_ROPE_TYPE_NEOX (= GGML_ROPE_TYPE_NEOX, halves)
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
+# the MoE keys deepseek2's and glm4moe's load_arch_hparams read that the common reader refuses elsewhere
+MOE_KEYS = ("expert_shared_count", "leading_dense_block_count")
 # Architecture.memory: a llama_kv_cache (llama_kv_cache_iswa when the hyperparameters have a sliding window)
 MEMORY_KV = "kv"
 
@@ -78,6 +84,9 @@ class Architecture(abc.ABC):
     # MoE tensors build_moe_ffn's plain path lacks that this architecture builds (gemma4: the merged
     # ffn_gate_up_exps); toolkit.models.moe.from_gguf refuses them in any other architecture's file
     moe_tensors: tuple[str, ...] = ()
+    # MoE keys its load_arch_hparams reads that the common reader refuses for every other architecture
+    # (deepseek2's expert_shared_count, leading_dense_block_count)
+    moe_keys: tuple[str, ...] = ()
     # the graph multiplies each projection by its weight's ``.scale`` when the file has one (build_lora_mm's w_s)
     scaled_mm: bool = False
 
@@ -178,3 +187,130 @@ def moe_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     assert hp.moe is not None
     return [TensorSpec(s, ne, op, keep_f32=router)
             for s, ne, op, router in moe_ffn.layer_tensors(hp.moe, hp.n_embd, hp.n_ff(il))]
+
+
+# ---- DeepSeek-style MoE layers (deepseek2, glm4moe): routed experts, a shared one, a dense lead ---------
+
+def routed_experts(b: GraphBuilder, res: GraphResult, il: int, cur: Tensor) -> Tensor:
+    """``build_moe_ffn`` with ``exp_probs_b`` (when the file has it), the hyperparameters' gating,
+    ``expert_weights_norm``, scale and groups: ``ffn_moe_out`` (deepseek2's and glm4moe's routed experts)."""
+    hp, m = b.hp, b.model
+    assert hp.moe is not None
+    p = f"blk.{il}."
+    out = moe_ffn.build_moe_ffn(
+        res.graph, lambda t, name, i: b.cb(res, t, name, i), cur, m.w(p + "ffn_gate_inp.weight"),
+        m.w(p + "ffn_up_exps.weight"), m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), hp.moe, il,
+        norm_w=hp.moe.weights_norm, exp_probs_b=m.tensors.get(p + "exp_probs_b.bias"))
+    return b.cb(res, out, "ffn_moe_out", il)
+
+
+def moe_layer_tensors(hp: HParams, il: int, order: tuple[str, ...]) -> list[TensorSpec]:
+    """A MoE layer's router, ``exp_probs_b`` (when the model has it), the experts in ``order`` and the shared expert
+    (gate, down, up; ``n_ff_exp * n_expert_shared`` wide)."""
+    assert hp.moe is not None
+    E, X = hp.n_embd, hp.moe.n_expert
+    F = hp.moe.ff(hp.n_ff(il))
+    FS = F * hp.moe.n_expert_shared
+    exps = {"ffn_gate_exps": (E, F, X), "ffn_down_exps": (F, E, X), "ffn_up_exps": (E, F, X)}
+    out = [TensorSpec("ffn_gate_inp", (E, X), "MUL_MAT", True)]
+    if hp.moe.exp_probs_b:
+        out.append(TensorSpec("exp_probs_b", (X,), "ADD", True, "bias"))
+    out += [TensorSpec(s, exps[s], "MUL_MAT_ID") for s in order]
+    if FS:
+        out += [TensorSpec("ffn_gate_shexp", (E, FS)), TensorSpec("ffn_down_shexp", (FS, E)),
+                TensorSpec("ffn_up_shexp", (E, FS))]
+    return out
+
+
+def nextn_tensors(hp: HParams) -> list[TensorSpec]:
+    """A NextN/MTP block's own tensors (``embed_tokens`` and ``shared_head_head`` are TENSOR_NOT_REQUIRED:
+    the converters write neither)."""
+    E = hp.n_embd
+    return [TensorSpec("nextn.eh_proj", (2 * E, E)), TensorSpec("nextn.enorm", (E,)),
+            TensorSpec("nextn.hnorm", (E,)), TensorSpec("nextn.shared_head_norm", (E,))]
+
+
+def head_after_token_embd(out: list[WeightInfo]) -> list[WeightInfo]:
+    """``load_arch_tensors`` creates ``output_norm`` and ``output`` right after ``token_embd``."""
+    head = [w for w in out if w.name in ("output_norm.weight", "output.weight")]
+    rest = [w for w in out if w not in head]
+    i = next(j for j, w in enumerate(rest) if w.name == "token_embd.weight") + 1
+    return [*rest[:i], *head, *rest[i:]]
+
+
+def read_moe(f: GGUFFile, gating_default: str, exp_probs_b: bool) -> dict[str, Any]:
+    """The MoE keys deepseek2 and glm4moe read alike: the experts, the shared experts, the dense lead,
+    the weights scale and norm, the gating function (``gating_default`` when the key is absent) and the
+    expert groups (common keys); ``exp_probs_b``: the layers have the selection bias."""
+    def key(k: str) -> str:
+        return f.arch_key(k)
+
+    n_expert = f.get_int(key("expert_count")) or 0
+    if n_expert <= 0:
+        raise GGUFError(f.path, "n_expert must be > 0", None, key("expert_count"))
+    ff_key = key("expert_feed_forward_length")
+    if f.get_int(ff_key) is None:
+        raise GGUFError(f.path, "required key is missing", None, ff_key)
+    gating_id = f.get_int(key("expert_gating_func")) or 0
+    if gating_id and gating_id not in moe_ffn.GATING_FUNC_IDS:
+        raise UnsupportedFeature(f"expert gating {gating_id}", f"{f.path}: {key('expert_gating_func')}="
+                                 f"{gating_id} is not implemented (1 softmax, 2 sigmoid, 3 softmax_weight)")
+    norm = f.get(key("expert_weights_norm"))
+    return {"moe": moe_ffn.MoEParams(
+        n_expert, f.get_int(key("expert_used_count")) or 0, f.get_int(ff_key) or 0,
+        weights_scale=f.get_float(key("expert_weights_scale"), 0.0) or 0.0,
+        gating=moe_ffn.GATING_FUNC_IDS[gating_id] if gating_id else gating_default,
+        n_expert_shared=f.get_int(key("expert_shared_count")) or 0, weights_norm=bool(norm),
+        n_expert_groups=f.get_int(key("expert_group_count")) or 0,
+        n_group_used=f.get_int(key("expert_group_used_count")) or 0,
+        n_layer_dense_lead=f.get_int(key("leading_dense_block_count")) or 0, exp_probs_b=exp_probs_b)}
+
+
+def moe_keys(hp: HParams) -> dict[str, Any]:
+    """The MoE keys :func:`read_moe` reads, for a GGUF writer (the expert groups only when set)."""
+    assert hp.moe is not None
+    mp = hp.moe
+    ids = {v: k for k, v in moe_ffn.GATING_FUNC_IDS.items()}
+    out: dict[str, Any] = {"leading_dense_block_count": mp.n_layer_dense_lead,
+                           "expert_shared_count": mp.n_expert_shared, "expert_weights_scale": float(mp.weights_scale),
+                           "expert_weights_norm": mp.weights_norm, "expert_gating_func": ids[mp.gating]}
+    if mp.n_expert_groups:
+        out.update({"expert_group_count": mp.n_expert_groups, "expert_group_used_count": mp.n_group_used})
+    return out
+
+
+def read_nextn(f: GGUFFile) -> dict[str, Any]:
+    """``nextn_predict_layers``: the NextN/MTP blocks after the trunk (``n_layer = block_count - nextn``)."""
+    n_all = f.require_int(f.arch_key("block_count"))
+    n_nextn = f.get_int(f.arch_key("nextn_predict_layers")) or 0
+    if n_nextn >= n_all:
+        raise GGUFError(f.path, f"n_layer_nextn must be < n_layer_all ({n_all})", None,
+                        f.arch_key("nextn_predict_layers"))
+    return {"n_layer": n_all - n_nextn, "n_layer_nextn": n_nextn} if n_nextn else {}
+
+
+def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, deepseek2: bool = False) -> dict[str, Any]:
+    """``rope.scaling.*`` as YaRN (:class:`~toolkit.models.hparams.RopeScaling`); deepseek2 divides the log
+    multiplier by the converter's 0.1 and takes ``mscale = mscale_all_dims`` (``llama_context``)."""
+    kind = f.get_str(f.arch_key("rope.scaling.type"))
+    if kind is None or kind == "none":
+        return {}
+    log_mul = (f.get_float(f.arch_key("rope.scaling.yarn_log_multiplier"), 0.0) or 0.0) / log_mul_divisor
+    log_mul = float(np.float32(log_mul))
+    return {"rope_scaling": RopeScaling(
+        kind, f.get_float(f.arch_key("rope.scaling.factor"), 0.0) or 0.0,
+        f.get_int(f.arch_key("rope.scaling.original_context_length"), 0) or 0, log_mul,
+        log_mul if deepseek2 and log_mul else 1.0)}
+
+
+def yarn_keys(hp: HParams, log_mul_factor: float = 1.0) -> dict[str, Any]:
+    """The ``rope.scaling.*`` keys :func:`read_yarn` reads, the log multiplier times ``log_mul_factor`` (0.1
+    for deepseek2, as its converter writes it)."""
+    ys = hp.rope_scaling
+    if ys is None:
+        return {}
+    out: dict[str, Any] = {"rope.scaling.type": ys.type, "rope.scaling.factor": ys.factor,
+                           "rope.scaling.original_context_length": ys.orig_ctx}
+    if ys.yarn_log_mul:
+        out["rope.scaling.yarn_log_multiplier"] = ys.yarn_log_mul * log_mul_factor
+    return out

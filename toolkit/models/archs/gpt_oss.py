@@ -33,9 +33,9 @@ from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
 from toolkit.models import moe as moe_ffn
-from toolkit.models.archs.base import ROPE_TYPE_NEOX, Architecture, TensorSpec, moe_tensors
+from toolkit.models.archs.base import ROPE_TYPE_NEOX, Architecture, TensorSpec, moe_tensors, read_yarn, yarn_keys
 from toolkit.models.graph import GraphBuilder, GraphResult
-from toolkit.models.hparams import RopeScaling, SWAParams
+from toolkit.models.hparams import SWAParams
 
 if TYPE_CHECKING:
     from toolkit.models.gguf_file import GGUFFile
@@ -145,12 +145,7 @@ class GptOss(Architecture):
                                            gating=moe_ffn.GATING_SOFTMAX_WEIGHT)
         if f.get(f.arch_key("feed_forward_length")) is None and n_ff_exp:
             out["n_ff"] = n_ff_exp
-        kind = f.get_str(f.arch_key("rope.scaling.type"))
-        if kind is not None and kind != "none":
-            out["rope_scaling"] = RopeScaling(
-                kind, f.get_float(f.arch_key("rope.scaling.factor"), 0.0) or 0.0,
-                f.get_int(f.arch_key("rope.scaling.original_context_length"), 0) or 0,
-                f.get_float(f.arch_key("rope.scaling.yarn_log_multiplier"), 0.0) or 0.0)
+        out.update(read_yarn(f))
         return out
 
     def gguf_keys(self, hp: HParams) -> dict[str, Any]:
@@ -159,12 +154,7 @@ class GptOss(Architecture):
                                "attention.sliding_window_pattern": hp.swa.pattern}
         if hp.swa.rope_freq_base is not None:
             out["rope.freq_base_swa"] = hp.swa.rope_freq_base
-        ys = hp.rope_scaling
-        if ys is not None:
-            out.update({"rope.scaling.type": ys.type, "rope.scaling.factor": ys.factor,
-                        "rope.scaling.original_context_length": ys.orig_ctx})
-            if ys.yarn_log_mul:
-                out["rope.scaling.yarn_log_multiplier"] = ys.yarn_log_mul
+        out.update(yarn_keys(hp))
         return out
 
     def check(self, hp: HParams) -> None:
