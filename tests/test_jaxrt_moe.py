@@ -343,3 +343,36 @@ def test_qwen3moe_logits_match_llama_cpp(tmp_path: Path) -> None:
         assert int(np.argmax(got)) == entry["argmax"][i]
         top_v = np.asarray([v for _, v in entry["top10"][i]], np.float32)
         np.testing.assert_allclose(np.sort(got)[::-1][:10], top_v, atol=2e-2 * want.std(), rtol=0)
+
+
+def test_per_expert_scales_multiply_the_chosen_experts(tmp_path: Path) -> None:
+    """``ffn_{gate,up,down}_exps.scale`` (F32 ``[n_expert]``, NVFP4's second-level scales): llama_model's
+    generic pass loads them and ``build_lora_mm_id`` adds four nodes each (RESHAPE, REPEAT, GET_ROWS of the
+    chosen experts, MUL). The logits equal the plain-JAX forward whose expert matrices carry their scales,
+    and differ from the forward without them. No measured llama.cpp case has such a file."""
+    import dataclasses
+
+    from toolkit.cases import summary
+
+    hp = moe_hp()
+    plain, scaled = tmp_path / "plain.gguf", tmp_path / "scaled.gguf"
+    vals = write_gguf(plain, hp, seed=5)
+    names = [f"blk.{il}.ffn_{r}_exps.weight" for il in range(hp.n_layer) for r in ("gate", "down", "up")][:5]
+    rng = np.random.default_rng(3)
+    factors = {n.removesuffix(".weight") + ".scale": rng.uniform(0.3, 2.0, hp.moe.n_expert).astype(np.float32)  # type: ignore[union-attr]
+               for n in names}
+    hps = dataclasses.replace(hp, weight_scales=frozenset(names))
+    write_gguf(scaled, hps, {**vals, **factors})
+    assert read_gguf(scaled, with_tensors=False).hparams.weight_scales == frozenset(names)
+    cp = ContextParams(n_ctx=256, n_batch=256, n_ubatch=64, flash_attn="off")
+    a, b = summary(Context(str(plain), cp)), summary(Context(str(scaled), cp))
+    assert b["graph_nodes"] == a["graph_nodes"] + 4 * len(names)
+    assert b["graph_nodes_tg"] == a["graph_nodes_tg"] + 4 * len(names)
+    assert sum(b["model_buffers_bytes"].values()) == sum(a["model_buffers_bytes"].values()) + 32 * len(names)
+    w = dict(vals)
+    for n in names:   # [n_expert, rows, cols] in numpy order: expert e's matrix times its scale
+        w[n] = vals[n] * factors[n.removesuffix(".weight") + ".scale"][:, None, None]
+    _, rt = make_runtime(str(scaled))
+    got = rt.decode(PROMPT)
+    assert _rel(got, moe_reference(w, hp, PROMPT)) < 1e-4
+    assert _rel(got, moe_reference(vals, hp, PROMPT)) > 1e-2

@@ -23,7 +23,7 @@ from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
 from toolkit.models.gguf_file import GGUFFile, get_key_or_arr, open_gguf
-from toolkit.models.hparams import SCALED_LAYER_WEIGHTS, HParams
+from toolkit.models.hparams import SCALED_EXPERT_WEIGHTS, SCALED_LAYER_WEIGHTS, HParams
 
 
 def weight_types(f: GGUFFile) -> tuple[GGMLType, dict[str, GGMLType]]:
@@ -129,15 +129,17 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = (), moe_keys: tup
 _LAYER_SCALE = re.compile(r"^blk\.(\d+)\.(\w+)\.scale$")
 
 
-def weight_scales(f: GGUFFile) -> frozenset[str]:
-    """The weights of ``SCALED_LAYER_WEIGHTS`` whose per-tensor ``.scale`` the file has, and ``output.weight``
-    when it is NVFP4 and ``output.scale`` is there (the generic pass creates ``output_s`` only then). Other
-    ``.scale`` tensors stay the architecture's (gemma4's router and expert scales) or are refused as extra
-    tensors (the experts' ``ffn_*_exps.scale`` of build_lora_mm_id, the ``.input_scale`` tensors: not built)."""
+def weight_scales(f: GGUFFile, experts: bool = False) -> frozenset[str]:
+    """The weights of ``SCALED_LAYER_WEIGHTS`` (and with ``experts`` of ``SCALED_EXPERT_WEIGHTS``) whose
+    ``.scale`` the file has, and ``output.weight`` when it is NVFP4 and ``output.scale`` is there (the generic
+    pass creates ``output_s`` only then). Other ``.scale`` tensors stay the architecture's (gemma4's router and
+    expert scales) or are refused as extra tensors (the shared experts' and ``ssm_in``'s scales, the
+    ``.input_scale`` tensors: not built)."""
+    names = SCALED_LAYER_WEIGHTS + (SCALED_EXPERT_WEIGHTS if experts else ())
     out = set()
     for name in f.tensors:
         m = _LAYER_SCALE.match(name)
-        if m and m.group(2) in SCALED_LAYER_WEIGHTS and f"blk.{m.group(1)}.{m.group(2)}.weight" in f.tensors:
+        if m and m.group(2) in names and f"blk.{m.group(1)}.{m.group(2)}.weight" in f.tensors:
             out.add(f"blk.{m.group(1)}.{m.group(2)}.weight")
     out_w = f.tensors.get("output.weight")
     if "output.scale" in f.tensors and out_w is not None and out_w.type is GGMLType.NVFP4:
@@ -164,6 +166,8 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
         raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
     # load_arch_hparams runs after the common keys and may set what they left (gpt-oss's experts, n_ff)
     kw = {**common_hparams(f, arch.moe_tensors, arch.moe_keys), **arch.read_hparams(f), "arch": name}
+    if arch.scaled_mm:   # its experts' scales too (build_lora_mm_id); elsewhere they are extra tensors
+        kw["weight_scales"] = weight_scales(f, experts=True)
     if "n_ff" not in kw:
         raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
     try:

@@ -334,9 +334,11 @@ class GraphBuilder:
         if self.hp.moe is not None:
             p = f"blk.{il}."
             m = self.model
+            scale = {r: m.tensors.get(f"{p}ffn_{r}_exps.scale") for r in ("up", "gate", "down")}
             return build_moe_ffn(res.graph, lambda t, name, i: self.cb(res, t, name, i), cur,
                                  m.w(p + "ffn_gate_inp.weight"), m.w(p + "ffn_up_exps.weight"),
-                                 m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), self.hp.moe, il)
+                                 m.w(p + "ffn_gate_exps.weight"), m.w(p + "ffn_down_exps.weight"), self.hp.moe, il,
+                                 up_exps_s=scale["up"], gate_exps_s=scale["gate"], down_exps_s=scale["down"])
         return self.build_ffn(res, il, cur, "silu")
 
     def build_ffn(self, res: GraphResult, il: int, cur: Tensor, act: str, suffix: str = "") -> Tensor:

@@ -276,6 +276,9 @@ class WeightInfo:
 # the dense weights whose "<weight>.scale" llama_model::load_tensors' generic pass creates, in its order
 # (layer.wq_s, wk_s, wv_s, wo_s, ffn_gate_s, ffn_down_s, ffn_up_s); build_lora_mm multiplies by them
 SCALED_LAYER_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up")
+# the experts' per-expert scales ({n_expert} F32), created by the same pass after the shared experts'
+# (ffn_gate_exps_s, ffn_down_exps_s, ffn_up_exps_s); build_lora_mm_id multiplies the selected experts' rows
+SCALED_EXPERT_WEIGHTS = ("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps")
 
 
 @dataclass(frozen=True, init=False)

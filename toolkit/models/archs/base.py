@@ -36,7 +36,14 @@ from toolkit.ggml.tensor import Tensor
 from toolkit.ggml.types import F32
 from toolkit.models import moe as moe_ffn
 from toolkit.models.graph import GraphBuilder, GraphResult
-from toolkit.models.hparams import ROPE_FREQS_LAYER, SCALED_LAYER_WEIGHTS, HParams, RopeScaling, WeightInfo
+from toolkit.models.hparams import (
+    ROPE_FREQS_LAYER,
+    SCALED_EXPERT_WEIGHTS,
+    SCALED_LAYER_WEIGHTS,
+    HParams,
+    RopeScaling,
+    WeightInfo,
+)
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import Memory
 
@@ -142,6 +149,10 @@ class Architecture(abc.ABC):
             for suffix in SCALED_LAYER_WEIGHTS:
                 if f"blk.{il}.{suffix}.weight" in hp.weight_scales:
                     out.append(WeightInfo(f"blk.{il}.{suffix}.scale", (1,), F32, il, "MUL", skip=hp.is_nextn(il)))
+            for suffix in SCALED_EXPERT_WEIGHTS:   # per expert, {n_expert} (build_lora_mm_id's w_s)
+                if f"blk.{il}.{suffix}.weight" in hp.weight_scales and hp.moe is not None:
+                    out.append(WeightInfo(f"blk.{il}.{suffix}.scale", (hp.moe.n_expert,), F32, il, "MUL",
+                                          skip=hp.is_nextn(il)))
         # the output layer is n_layer_all (llama_model::load_tensors: dev_output = get_layer_buft_list(n_layer_all))
         out.append(hp.weight("output_norm.weight", (E,), hp.n_layer_all, "MUL"))
         if not hp.tied:
