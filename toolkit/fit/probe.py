@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolkit.memory import Breakdown, DeviceMemory, breakdown_table, context_breakdown, strip_budget
+from toolkit.memory import (
+    Breakdown,
+    DeviceMemory,
+    breakdown_table,
+    context_breakdown,
+    devices_breakdown,
+    strip_budget,
+)
 from toolkit.models.cparams import ContextParams
 from toolkit.models.hparams import HParams
 
@@ -105,14 +112,22 @@ def probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exa
     from toolkit.context import Context  # the context layer sits above models
     pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
                      tensor_split=default_split(cp, memory))
+    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
     if exact:
         unlimited, ctx, _ = real_context(hp, pcp, memory)
         ctx = ctx if ctx is not None else unlimited   # out of memory: the unlimited need, above the free memory
-    else:
-        ctx = Context(hp, pcp, no_alloc=True)
-    bd, comp = context_breakdown(ctx, exact=exact)
-    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
-    return Probe(params, bd, comp, tuple(ctx.events[-1].context_memory().items()), ctx.n_copies,
+        bd, comp = context_breakdown(ctx, exact=True)
+        return Probe(params, bd, comp, tuple(ctx.events[-1].context_memory().items()), ctx.n_copies,
+                     tuple(breakdown_table(bd, memory)))
+    # the no_alloc context as memory fitting reads it: model and memory placed, the pp graph sized
+    ctx = Context(hp, pcp, no_alloc=True, reserve=False)
+    compute = ctx.reserve_size()
+    context: dict[str, int] = {}
+    for bufs in ctx.setup.memory.groups.values():
+        for name, n in bufs.items():
+            context[name] = context.get(name, 0) + n
+    bd = devices_breakdown(ctx.setup.devices, ctx.model_buffers_bytes, context, compute)
+    return Probe(params, bd, tuple(compute.items()), tuple(context.items()), ctx.n_copies,
                  tuple(breakdown_table(bd, memory)))
 
 
