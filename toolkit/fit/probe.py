@@ -9,6 +9,7 @@ before splitting, so the backends ``llama_context::graph_get_cb`` pinned while t
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,12 +104,34 @@ def real_context(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory])
         return ctx, None, str(e)
 
 
+# the newest probes by (id(hparams), cparams, memory, exact); each entry holds its HParams, so the id stays its own
+_PROBES: OrderedDict[tuple[int, ContextParams, tuple[DeviceMemory, ...], bool], tuple[HParams, Probe]] = OrderedDict()
+PROBES_KEPT = 64
+
+
 def probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
     """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights.
 
     ``exact`` reads the buffers a real context allocates instead: the full reserve sequence
     (pp → tg → pp), with the retry without pipeline parallelism when a device runs out of memory.
+
+    A probe is a function of its arguments (frozen data), so the last :data:`PROBES_KEPT` answers are
+    kept: fitting measures some parameters twice (the chosen ones again after the search, and once
+    more for the real run's estimate), and a what-if over the same model repeats most of them.
     """
+    key = (id(hp), cp, tuple(memory), exact)
+    hit = _PROBES.get(key)
+    if hit is not None and hit[0] is hp:
+        _PROBES.move_to_end(key)
+        return hit[1]
+    p = _probe(hp, cp, memory, exact=exact)
+    _PROBES[key] = (hp, p)
+    while len(_PROBES) > PROBES_KEPT:
+        _PROBES.popitem(last=False)
+    return p
+
+
+def _probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool) -> Probe:
     from toolkit.context import Context  # the context layer sits above models
     pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
                      tensor_split=default_split(cp, memory))
@@ -131,4 +154,4 @@ def probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exa
                  tuple(breakdown_table(bd, memory)))
 
 
-__all__ = ["Probe", "ProbeParams", "default_split", "probe", "real_context"]
+__all__ = ["PROBES_KEPT", "Probe", "ProbeParams", "default_split", "probe", "real_context"]

@@ -84,12 +84,16 @@ class ContextSetup:
         tensor count (:meth:`toolkit.models.archs.Architecture.graph_max_nodes`)."""
         return archs.get(self.hparams.arch).graph_max_nodes(self.model.n_tensors, n_tokens)
 
+    def _graph_key(self, n_tokens: int, n_seqs: int, n_outputs: int, streams: tuple[int, int] | None
+                   ) -> tuple[bool, int, int, int, tuple[int, int] | None, tuple[int, int, int] | None]:
+        # a hybrid's graph also depends on the recurrent slot of the ubatch being run (head, n, rs_z)
+        return (self.flash_attn, n_tokens, n_seqs, n_outputs, streams, self.memory.slot_key())
+
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                      streams: tuple[int, int] | None = None) -> GraphResult:
         """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
         build, which names the node or leaf that did not fit."""
-        # a hybrid's graph also depends on the recurrent slot of the ubatch being run (head, n, rs_z)
-        key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams, self.memory.slot_key())
+        key = self._graph_key(n_tokens, n_seqs, n_outputs, streams)
         lg = self.graphs.get(key)
         if lg is None or lg.graph.n_nodes > graph_size or lg.graph.n_leafs > graph_size:
             built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
@@ -97,12 +101,19 @@ class ContextSetup:
         return lg
 
     def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
-                    streams: tuple[int, int] | None = None) -> GraphResult:
+                    streams: tuple[int, int] | None = None, *, keep: bool = True) -> GraphResult:
         """``builder(graph_size).build(...)``. A build depends only on this setup, the shape and the
         recurrent slot, so the first build of each is kept and later calls get a copy of it (new tensors,
-        the same graph)."""
+        the same graph). ``keep=False``: the caller builds this shape for the last time, so the kept
+        build itself is handed out (and forgotten) instead of a copy."""
         with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
-            return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
+            lg = self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams)
+            if keep or lg.graph.size != graph_size:
+                return lg.copy(graph_size)
+            key = self._graph_key(n_tokens, n_seqs, n_outputs, streams)
+            if self.graphs.get(key) is lg:
+                del self.graphs[key]
+            return lg
 
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
