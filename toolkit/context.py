@@ -370,11 +370,11 @@ class Context:
         if not self.fa_resolved:
             self._resolve_flash_attn(n_seqs, [])
         n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, min(n_tokens, rp.n_outputs_max))
-        # graph_reserve's sizes path, on the kept build itself (nothing builds it again); no pins:
+        # graph_reserve's sizes path on a graph used once (ContextSetup.sized_graph); no pins:
         # ggml_backend_sched_reserve_size resets the scheduler before splitting
         s = self.scheduler
         s.reset()
-        s.reserve_size(self.setup.build_graph(self.max_nodes(), n_tokens, n_seqs, n_outputs, keep=False).graph)
+        s.reserve_size(self.setup.sized_graph(self.max_nodes(), n_tokens, n_seqs, n_outputs).graph)
         out: dict[str, int] = {}
         for i, n in enumerate(s.graph_needed_sizes()):
             out[s.bufts[i].name] = out.get(s.bufts[i].name, 0) + n

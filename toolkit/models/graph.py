@@ -25,6 +25,7 @@ scheduler pins live in :meth:`GraphBuilder.cb`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -65,10 +66,11 @@ class GraphResult:
     # and the MTP architectures set it); set_outputs makes it a graph output, so it is never freed
     h_nextn: Tensor | None = None
 
-    def copy(self, graph_size: int) -> GraphResult:
-        """The same graph over new tensors (the weights and the KV cache shared), with capacity
-        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
-        g, cp = self.graph.copy(graph_size, _allocated)
+    def copy(self, graph_size: int, rebind: Callable[[Tensor], Tensor] | None = None) -> GraphResult:
+        """The same graph over new tensors (the weights and the KV cache shared, or each replaced by
+        ``rebind(t)``), with capacity ``graph_size``: what building it again would give
+        (:meth:`toolkit.ggml.Graph.copy`)."""
+        g, cp = self.graph.copy(graph_size, _allocated, rebind)
         return GraphResult(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],

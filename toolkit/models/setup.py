@@ -9,12 +9,16 @@ pins (:func:`apply_pins`) live here too.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
 from toolkit.ggml.bulk import paused_gc
+from toolkit.ggml.tensor import Tensor
 from toolkit.models import archs, overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
@@ -101,27 +105,85 @@ class ContextSetup:
         return lg
 
     def build_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
-                    streams: tuple[int, int] | None = None, *, keep: bool = True) -> GraphResult:
+                    streams: tuple[int, int] | None = None) -> GraphResult:
         """``builder(graph_size).build(...)``. A build depends only on this setup, the shape and the
         recurrent slot, so the first build of each is kept and later calls get a copy of it (new tensors,
-        the same graph). ``keep=False``: the caller builds this shape for the last time, so the kept
-        build itself is handed out (and forgotten) instead of a copy."""
+        the same graph)."""
         with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
-            lg = self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams)
-            if keep or lg.graph.size != graph_size:
-                return lg.copy(graph_size)
-            key = self._graph_key(n_tokens, n_seqs, n_outputs, streams)
-            if self.graphs.get(key) is lg:
-                del self.graphs[key]
-            return lg
+            return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
 
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
-        g = self._first_build(graph_size, n_tokens, n_seqs, n_outputs).graph
+        t = _BUILDS.get(self._build_key(graph_size, n_tokens, n_seqs, n_outputs))
+        g = t[1].graph if t is not None and t[0] is self.hparams else \
+            self._first_build(graph_size, n_tokens, n_seqs, n_outputs).graph
         return g.n_nodes, g.n_leafs
+
+    # ---- builds shared between setups of one model (memory fitting's probes) --------------------
+    def _build_key(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[object, ...]:
+        """What a build depends on besides where the weights and caches live: the model, the context
+        params without the placement ones (-ngl, -ts, -ot, --cpu-moe, --n-cpu-moe, -mg, mmap), the
+        resolved params, the graph size and the shape. The builders read shapes and types only, never
+        a tensor's buffer or a layer's device (llama.cpp builds one graph whatever the placement)."""
+        cp = self.cparams.replace(n_gpu_layers=0, tensor_split=None, override_tensor=(), cpu_moe=False,
+                                  n_cpu_moe=0, main_gpu=0, use_mmap=True)
+        rp = dataclasses.replace(self.resolved, source=cp)   # the resolved params keep the given ones
+        return (id(self.hparams), cp, rp, graph_size, self._graph_key(n_tokens, n_seqs, n_outputs, None))
+
+    def _allocated_by_name(self) -> dict[str, Tensor] | None:
+        """This setup's weights and cache tensors by name (None when two share a name: rope_freqs'
+        per-buffer-type copies), the tensors a build shares instead of creating."""
+        m = self.model
+        ts = [*m.tensors.values(), *([m.output] if m.output is not None else []), *m.rope_freqs.values(),
+              *self.memory.tensors]
+        out: dict[str, Tensor] = {}
+        for t in ts:
+            if out.setdefault(t.name, t) is not t:
+                return None
+        return out
+
+    def sized_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult:
+        """A build of this shape for a caller that splits it once and drops it (``ggml_backend_sched_reserve_size``
+        in memory fitting): the kept build itself, or the build of an earlier setup of the same model
+        and context (:meth:`_build_key`) copied over this setup's weights and caches, each checked to
+        have the name, type and shape of the tensor it replaces; its graph inputs stay those of the
+        earlier setup, so only the graph is for use. A fresh build is kept for the next setup."""
+        with paused_gc():
+            bkey = self._build_key(graph_size, n_tokens, n_seqs, n_outputs)
+            own = self.graphs.pop(self._graph_key(n_tokens, n_seqs, n_outputs, None), None)
+            t = _BUILDS.get(bkey)
+            if t is not None and t[0] is self.hparams and (own is None or own is t[1]):
+                mine = self._allocated_by_name()
+                if mine is not None:
+                    try:
+                        return t[1].copy(graph_size, rebind=_rebinder(mine))
+                    except KeyError:
+                        pass
+            if own is None or own.graph.size != graph_size:
+                own = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, None)
+            if self._allocated_by_name() is None:
+                return own
+            _BUILDS[bkey] = (self.hparams, own)
+            while len(_BUILDS) > BUILDS_KEPT:
+                _BUILDS.popitem(last=False)
+            return own.copy(graph_size)
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer_all + 1)]
+
+
+# the builds sized_graph shares, by _build_key; each entry holds its HParams, so the id stays its own
+_BUILDS: OrderedDict[tuple[object, ...], tuple[HParams, GraphResult]] = OrderedDict()
+BUILDS_KEPT = 4
+
+
+def _rebinder(mine: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
+    def rebind(t: Tensor) -> Tensor:
+        n = mine[t.name]
+        if n.type is not t.type or n.ne != t.ne:
+            raise KeyError(t.name)
+        return n
+    return rebind
 
 
 def pipeline_parallel(hp: HParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:
