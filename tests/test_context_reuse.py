@@ -233,3 +233,25 @@ def test_a_reserve_records_pp_and_tg_by_label(no_alloc: bool) -> None:
     assert list(ev.memory) == ["model", "KV", "output", "compute"]
     assert ev.memory["KV"] == obs["kv_buffers_bytes"] == ev.context_memory()
     assert ev.memory["model"] == obs["model_buffers_bytes"] and ev.memory["output"] == obs["output_buffer_bytes"]
+
+
+@pytest.mark.parametrize("cid", ["rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon",
+                                 "rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faoff-FORCEPP",
+                                 "rpc1-tiny_f32-ngl1-oo0-c1024-b2048-ub512-faon"])
+def test_repeated_fused_op_probes_are_skipped_without_effect(cid: str) -> None:
+    """sched_reserve skips the fused-op probes that split the same graph again once a repeat changed
+    nothing; the scheduler ends where running every probe leaves it (replayed here step by step)."""
+    from toolkit.context import N_FUSED_OP_PROBES, reserve_shape
+    ctx = context_from_case(case(cid))
+    ref = context_from_case(case(cid), reserve=False)
+    rp = ref.setup.resolved
+    n_seqs, n_tokens = rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch)
+    ref.holder.sched_new(SchedParams(ref.max_nodes(), ref.pipeline_parallel, ref.cparams.op_offload))
+    for nt in N_FUSED_OP_PROBES:
+        ref.graph_reserve(nt, n_seqs, nt, split_only=True)
+    n_out = reserve_shape(n_tokens, n_seqs, min(n_tokens, rp.n_outputs_max))[1]
+    for shape in ((n_tokens, n_seqs, n_out), (n_seqs, n_seqs, n_seqs), (n_tokens, n_seqs, n_out)):
+        assert ref.graph_reserve(*shape) is not None
+    s, r = ctx.scheduler, ref.scheduler
+    assert s.split_state() == r.split_state() and s.warnings == r.warnings
+    assert s.buffer_sizes() == r.buffer_sizes() and s.n_splits == r.n_splits
