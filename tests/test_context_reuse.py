@@ -254,4 +254,7 @@ def test_repeated_fused_op_probes_are_skipped_without_effect(cid: str) -> None:
         assert ref.graph_reserve(*shape) is not None
     s, r = ctx.scheduler, ref.scheduler
     assert s.split_state() == r.split_state() and s.warnings == r.warnings
+    # ggml's two id arrays (the last graph's backend ids and the one before, tails of longer graphs kept)
+    assert (s.assignment.node_ids, s._prev_node_ids) == (r.assignment.node_ids, r._prev_node_ids)
+    assert (s.assignment.leaf_ids, s._prev_leaf_ids) == (r.assignment.leaf_ids, r._prev_leaf_ids)
     assert s.buffer_sizes() == r.buffer_sizes() and s.n_splits == r.n_splits

@@ -321,16 +321,19 @@ class Context:
         # resolve_fused_ops: split-only probes (flash attention only when auto)
         if not self.fa_resolved:
             self._resolve_flash_attn(n_seqs, r.warnings)
-        # the probes of one size after the first repeat that changed nothing: the same graph split on the
-        # same state again (Scheduler.split_state), so their splits are skipped, not their effect
-        prev, settled = 0, False
-        for nt in N_FUSED_OP_PROBES:
-            if nt == prev and settled:
+        # once a repeated probe changed nothing (Scheduler.split_state), the next repeats split the same graph
+        # on the same state again; they are skipped two at a time, which also leaves ggml's two id arrays
+        # (the current and the previous graph's backend ids, swapped at every split) as they would be
+        probes, i, settled = N_FUSED_OP_PROBES, 0, False
+        while i < len(probes):
+            nt = probes[i]
+            if settled and i + 1 < len(probes) and probes[i - 1] == nt == probes[i + 1]:
+                i += 2
                 continue
             before = self.scheduler.split_state()
             self.graph_reserve(nt, n_seqs, nt, split_only=True)
-            settled = nt == prev and self.scheduler.split_state() == before
-            prev = nt
+            settled = i > 0 and probes[i - 1] == nt and self.scheduler.split_state() == before
+            i += 1
         t_probe = time.perf_counter()
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, sizes=self.no_alloc)
         if lg is None and self.pipeline_parallel:
