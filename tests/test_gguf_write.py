@@ -52,14 +52,15 @@ def test_sparse_file_has_the_real_files_tensors(name: str, tmp_path: Path) -> No
 def test_fit_from_the_sparse_file_prints_llama_fit_params_line(tmp_path: Path) -> None:
     """``python -m toolkit fit`` on the written Qwen3-30B-A3B-shaped file against a 33477 MiB server
     prints llama-fit-params' line for that case (the context reduced), and its planning path imports
-    none of the heavy libraries (JAX, plotly, ipywidgets)."""
+    none of the heavy libraries (JAX, plotly, ipywidgets, not even numpy)."""
     c = CASES["fit-real_qwen3_30b_a3b-rpc1-ctx_33477-default"]
     f = write_sparse_gguf(tmp_path / "q.gguf", model_from_dict(model_description(c["model"])))
     (free, _), = memory_from_inputs(c)
     argv = ["fit", "-m", str(f.path), "--rpc", "127.0.0.1:50072", "--device-memory", str(free), "-fa", "on"]
     code = ("import runpy, sys; sys.argv = ['toolkit', *sys.argv[1:]]\n"
             "try:\n    runpy.run_module('toolkit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'plotly', 'ipywidgets'))\n"
+            "heavy = sorted(m for m in sys.modules\n"
+            "               if m.split('.')[0] in ('jax', 'jaxlib', 'plotly', 'ipywidgets', 'numpy'))\n"
             "print('HEAVY', *heavy)")
     r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

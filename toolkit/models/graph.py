@@ -27,9 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
@@ -40,6 +38,9 @@ from toolkit.models.inputs import GraphInput, InputAttnKV, InputAttnKVISWA, Inpu
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import KVCache, Memory, UBatch
 from toolkit.models.moe import build_moe_ffn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 In = TypeVar("In", bound=GraphInput)
 

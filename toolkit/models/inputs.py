@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from toolkit.ggml.tensor import Tensor
 from toolkit.models.memory import KVCache, UBatch
 from toolkit.models.memory_recurrent import RecurrentMemory
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(eq=False)
@@ -65,6 +67,7 @@ class InputEmbd(GraphInput):
     embd: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         return {self.tokens: ub.tokens.astype(np.int32)}
 
 
@@ -77,6 +80,7 @@ class InputPos(GraphInput):
     n_pos: int = 1
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         p = ub.pos.astype(np.int32)
         if self.n_pos == 1:
             return {self.pos: p}
@@ -90,6 +94,7 @@ class InputOutIds(GraphInput):
     out_ids: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         n_outputs = self.out_ids.ne[0]
         if n_outputs == ub.n_tokens:
             return {self.out_ids: np.arange(n_outputs, dtype=np.int32)}
@@ -156,6 +161,7 @@ class InputRS(GraphInput):
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
         """The cell each state is read from (``llama_memory_recurrent_context::s_copy``): a sequence's own,
         or the cleared cell ``rs_z`` for a sequence that starts."""
+        import numpy as np
         del ub
         return {self.s_copy: np.asarray(self.rs.s_copy()[:self.s_copy.ne[0]], dtype=np.int32)}
 
