@@ -258,3 +258,34 @@ def test_repeated_fused_op_probes_are_skipped_without_effect(cid: str) -> None:
     assert (s.assignment.node_ids, s._prev_node_ids) == (r.assignment.node_ids, r._prev_node_ids)
     assert (s.assignment.leaf_ids, s._prev_leaf_ids) == (r.assignment.leaf_ids, r._prev_leaf_ids)
     assert s.buffer_sizes() == r.buffer_sizes() and s.n_splits == r.n_splits
+
+
+@pytest.mark.parametrize("cid", ["rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon",
+                                 "rpc1-tiny_f32-ngl1-oo0-c1024-b2048-ub512-faon"])
+def test_a_setup_of_the_same_model_copies_the_earlier_builds(cid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context of the same model and context params with another placement builds no graph: it copies
+    the earlier context's builds, its own weights and caches swapped in. It plans exactly as one whose
+    graphs were all built anew, and its graph inputs read its own KV cache."""
+    import toolkit.models.setup as setup_mod
+    from toolkit.cases import cparams_from_case, summary
+    from toolkit.models import HParams
+    from toolkit.models.inputs import InputAttnKV
+
+    hp, cp = HParams.from_dict(case(cid)["model"]), cparams_from_case(case(cid)["cparams"])
+    setup_mod._BUILDS.clear()
+    Context(hp, cp.replace(n_gpu_layers=0))        # this model's builds, every layer on the CPU
+    built: list[int] = []
+    builder = setup_mod.ContextSetup.builder
+    monkeypatch.setattr(setup_mod.ContextSetup, "builder", lambda self, n: built.append(n) or builder(self, n))
+    got = Context(hp, cp)
+    assert built == []
+    monkeypatch.undo()
+    setup_mod._BUILDS.clear()
+    fresh = Context(hp, cp)
+    assert summary(got) == summary(fresh)
+    assert got.scheduler.dump(causes=True) == fresh.scheduler.dump(causes=True)
+    assert got.scheduler.split_state() == fresh.scheduler.split_state()
+    lg = got.build_llama_graph(1)
+    assert lg.input(InputAttnKV).cache is got.setup.memory.caches[0]
+    weights = [t for t in lg.graph.leafs if t.buffer is not None and t.name in got.setup.model.tensors]
+    assert weights and all(t is got.setup.model.tensors[t.name] for t in weights)

@@ -18,7 +18,7 @@ read the cache's cells and the slot :meth:`toolkit.models.memory.Memory.apply_ub
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,13 +48,19 @@ class GraphInput:
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
         raise NotImplementedError
 
-    def copy(self, cp: Callable[[Tensor], Tensor]) -> GraphInput:
-        """The same input over a graph copy's tensors (``cp`` maps a tensor to its copy); caches are shared."""
+    def copy(self, cp: Callable[[Tensor], Tensor], memory: Mapping[int, object] | None = None) -> GraphInput:
+        """The same input over a graph copy's tensors (``cp`` maps a tensor to its copy); caches are shared,
+        or with ``memory`` (id of a cache or recurrent state -> another setup's) replaced: KeyError for a
+        field that holds an object ``memory`` does not map."""
         changes: dict[str, object] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (Tensor, GraphInput)):
-                changes[f.name] = cp(v) if isinstance(v, Tensor) else v.copy(cp)
+            if isinstance(v, Tensor):
+                changes[f.name] = cp(v)
+            elif isinstance(v, GraphInput):
+                changes[f.name] = v.copy(cp, memory)
+            elif memory is not None and not isinstance(v, (int, float, str, type(None))):
+                changes[f.name] = memory[id(v)]
         return dataclasses.replace(self, **changes)
 
 

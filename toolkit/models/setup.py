@@ -95,12 +95,17 @@ class ContextSetup:
 
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                      streams: tuple[int, int] | None = None) -> GraphResult:
-        """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
-        build, which names the node or leaf that did not fit."""
+        """The kept build of this shape (:meth:`_shared_build`'s, else a real one); a graph_size too small
+        for it raises GraphFull from a real build, which names the node or leaf that did not fit."""
         key = self._graph_key(n_tokens, n_seqs, n_outputs, streams)
         lg = self.graphs.get(key)
         if lg is None or lg.graph.n_nodes > graph_size or lg.graph.n_leafs > graph_size:
-            built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
+            built = self._shared_build(graph_size, n_tokens, n_seqs, n_outputs) if lg is None and streams is None \
+                else None
+            if built is None:
+                built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
+                if streams is None:
+                    self._keep_build(graph_size, n_tokens, n_seqs, n_outputs, built)
             lg = self.graphs.setdefault(key, built)
         return lg
 
@@ -142,39 +147,62 @@ class ContextSetup:
                 return None
         return out
 
+    def _shared_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult | None:
+        """The build of this shape an earlier setup of the same model and context made (:meth:`_build_key`),
+        copied over this setup's weights and caches (each checked to have the name, type and shape of the
+        tensor it replaces) and memory (the inputs read this setup's caches); None when there is none or
+        something does not match."""
+        t = _BUILDS.get(self._build_key(graph_size, n_tokens, n_seqs, n_outputs))
+        if t is None or t[0] is not self.hparams:
+            return None
+        mine, memory = self._allocated_by_name(), _memory_map(t[2], self.memory)
+        if mine is None or memory is None:
+            return None
+        try:
+            return t[1].copy(graph_size, rebind=_rebinder(mine), memory=memory)
+        except KeyError:
+            return None
+
+    def _keep_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int, lg: GraphResult) -> None:
+        """Keep a real build for the next setups (never written: they and this setup copy it)."""
+        if self._allocated_by_name() is None:
+            return
+        _BUILDS[self._build_key(graph_size, n_tokens, n_seqs, n_outputs)] = (self.hparams, lg, self.memory)
+        while len(_BUILDS) > BUILDS_KEPT:
+            _BUILDS.popitem(last=False)
+
     def sized_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult:
         """A build of this shape for a caller that splits it once and drops it (``ggml_backend_sched_reserve_size``
-        in memory fitting): the kept build itself, or the build of an earlier setup of the same model
-        and context (:meth:`_build_key`) copied over this setup's weights and caches, each checked to
-        have the name, type and shape of the tensor it replaces; its graph inputs stay those of the
-        earlier setup, so only the graph is for use. A fresh build is kept for the next setup."""
+        in memory fitting): the kept build itself when nothing else reads it, else a copy (of it, or
+        :meth:`_shared_build`'s)."""
         with paused_gc():
-            bkey = self._build_key(graph_size, n_tokens, n_seqs, n_outputs)
             own = self.graphs.pop(self._graph_key(n_tokens, n_seqs, n_outputs, None), None)
-            t = _BUILDS.get(bkey)
-            if t is not None and t[0] is self.hparams and (own is None or own is t[1]):
-                mine = self._allocated_by_name()
-                if mine is not None:
-                    try:
-                        return t[1].copy(graph_size, rebind=_rebinder(mine))
-                    except KeyError:
-                        pass
             if own is None or own.graph.size != graph_size:
+                shared = self._shared_build(graph_size, n_tokens, n_seqs, n_outputs)
+                if shared is not None:
+                    return shared
                 own = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, None)
-            if self._allocated_by_name() is None:
-                return own
-            _BUILDS[bkey] = (self.hparams, own)
-            while len(_BUILDS) > BUILDS_KEPT:
-                _BUILDS.popitem(last=False)
-            return own.copy(graph_size)
+                self._keep_build(graph_size, n_tokens, n_seqs, n_outputs, own)
+            return own.copy(graph_size) if any(own is v[1] for v in _BUILDS.values()) else own
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer_all + 1)]
 
 
-# the builds sized_graph shares, by _build_key; each entry holds its HParams, so the id stays its own
-_BUILDS: OrderedDict[tuple[object, ...], tuple[HParams, GraphResult]] = OrderedDict()
-BUILDS_KEPT = 4
+# the builds setups share, by _build_key, with the memory their inputs read; each entry holds its HParams,
+# so the id stays its own
+_BUILDS: OrderedDict[tuple[object, ...], tuple[HParams, GraphResult, Memory]] = OrderedDict()
+BUILDS_KEPT = 8
+
+
+def _memory_map(old: Memory, new: Memory) -> dict[int, object] | None:
+    """Each cache (and recurrent state) of ``old`` -> ``new``'s in the same place; None if they differ."""
+    if len(old.caches) != len(new.caches) or (old.recurrent is None) != (new.recurrent is None):
+        return None
+    out: dict[int, object] = {id(a): b for a, b in zip(old.caches, new.caches)}
+    if old.recurrent is not None:
+        out[id(old.recurrent)] = new.recurrent
+    return out
 
 
 def _rebinder(mine: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
