@@ -12,7 +12,7 @@ LAB_PORT ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: lab test lint typecheck unit venv clean test-lowest gpu-check
+.PHONY: lab test lint typecheck unit venv clean test-lowest gpu-check profile-fit
 
 # A venv whose interpreter no longer runs (moved checkout, removed Python) loses its stamps
 # and is rebuilt below, instead of being half-used.
@@ -40,6 +40,12 @@ venv: $(VENV)/.installed
 
 lab: $(VENV)/.installed
 	@LAB_PORT=$(LAB_PORT) $(PY) -m toolkit.lab $(LAB_ARGS)
+
+# pyinstrument's call tree of `python -m toolkit fit` on a Qwen3-30B-A3B-shaped sparse GGUF against one
+# 24 GiB RPC device (PROFILE_HTML=FILE.html writes a flame graph instead)
+PROFILE_HTML ?=
+profile-fit: $(VENV)/.installed-dev
+	$(PY) benchmarks/bench_fit.py --profile $(PROFILE_HTML)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check toolkit tests

@@ -233,3 +233,59 @@ def test_a_reserve_records_pp_and_tg_by_label(no_alloc: bool) -> None:
     assert list(ev.memory) == ["model", "KV", "output", "compute"]
     assert ev.memory["KV"] == obs["kv_buffers_bytes"] == ev.context_memory()
     assert ev.memory["model"] == obs["model_buffers_bytes"] and ev.memory["output"] == obs["output_buffer_bytes"]
+
+
+@pytest.mark.parametrize("cid", ["rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon",
+                                 "rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faoff-FORCEPP",
+                                 "rpc1-tiny_f32-ngl1-oo0-c1024-b2048-ub512-faon"])
+def test_repeated_fused_op_probes_are_skipped_without_effect(cid: str) -> None:
+    """sched_reserve skips the fused-op probes that split the same graph again once a repeat changed
+    nothing; the scheduler ends where running every probe leaves it (replayed here step by step)."""
+    from toolkit.context import N_FUSED_OP_PROBES, reserve_shape
+    ctx = context_from_case(case(cid))
+    ref = context_from_case(case(cid), reserve=False)
+    rp = ref.setup.resolved
+    n_seqs, n_tokens = rp.n_seq_max, min(rp.n_ctx, rp.n_ubatch)
+    ref.holder.sched_new(SchedParams(ref.max_nodes(), ref.pipeline_parallel, ref.cparams.op_offload))
+    for nt in N_FUSED_OP_PROBES:
+        ref.graph_reserve(nt, n_seqs, nt, split_only=True)
+    n_out = reserve_shape(n_tokens, n_seqs, min(n_tokens, rp.n_outputs_max))[1]
+    for shape in ((n_tokens, n_seqs, n_out), (n_seqs, n_seqs, n_seqs), (n_tokens, n_seqs, n_out)):
+        assert ref.graph_reserve(*shape) is not None
+    s, r = ctx.scheduler, ref.scheduler
+    assert s.split_state() == r.split_state() and s.warnings == r.warnings
+    # ggml's two id arrays (the last graph's backend ids and the one before, tails of longer graphs kept)
+    assert (s.assignment.node_ids, s._prev_node_ids) == (r.assignment.node_ids, r._prev_node_ids)
+    assert (s.assignment.leaf_ids, s._prev_leaf_ids) == (r.assignment.leaf_ids, r._prev_leaf_ids)
+    assert s.buffer_sizes() == r.buffer_sizes() and s.n_splits == r.n_splits
+
+
+@pytest.mark.parametrize("cid", ["rpc2-tiny_f32-ngl99-sm_layer-ts1_1-c4096-b2048-ub512-faon",
+                                 "rpc1-tiny_f32-ngl1-oo0-c1024-b2048-ub512-faon"])
+def test_a_setup_of_the_same_model_copies_the_earlier_builds(cid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context of the same model and context params with another placement builds no graph: it copies
+    the earlier context's builds, its own weights and caches swapped in. It plans exactly as one whose
+    graphs were all built anew, and its graph inputs read its own KV cache."""
+    import toolkit.models.setup as setup_mod
+    from toolkit.cases import cparams_from_case, summary
+    from toolkit.models import HParams
+    from toolkit.models.inputs import InputAttnKV
+
+    hp, cp = HParams.from_dict(case(cid)["model"]), cparams_from_case(case(cid)["cparams"])
+    setup_mod._BUILDS.clear()
+    Context(hp, cp.replace(n_gpu_layers=0))        # this model's builds, every layer on the CPU
+    built: list[int] = []
+    builder = setup_mod.ContextSetup.builder
+    monkeypatch.setattr(setup_mod.ContextSetup, "builder", lambda self, n: built.append(n) or builder(self, n))
+    got = Context(hp, cp)
+    assert built == []
+    monkeypatch.undo()
+    setup_mod._BUILDS.clear()
+    fresh = Context(hp, cp)
+    assert summary(got) == summary(fresh)
+    assert got.scheduler.dump(causes=True) == fresh.scheduler.dump(causes=True)
+    assert got.scheduler.split_state() == fresh.scheduler.split_state()
+    lg = got.build_llama_graph(1)
+    assert lg.input(InputAttnKV).cache is got.setup.memory.caches[0]
+    weights = [t for t in lg.graph.leafs if t.buffer is not None and t.name in got.setup.model.tensors]
+    assert weights and all(t is got.setup.model.tensors[t.name] for t in weights)

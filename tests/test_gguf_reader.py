@@ -170,3 +170,32 @@ def test_docstring_examples() -> None:
 
     res = doctest.testmod(mod)
     assert res.attempted >= 5 and res.failed == 0
+
+
+def test_f32_value_prints_numpys_shortest_float32_digits() -> None:
+    """f32_value (metadata scalars, no numpy) gives the value of ``str(numpy.float32(x))`` (what
+    GGUFArray.tolist uses for whole arrays): every power of two and its neighbours (the uneven rounding
+    interval), exact ties, 100,000 random float32 bit patterns, overflow and the special values."""
+    import math
+    import random
+    import struct
+    import warnings
+
+    from toolkit.models.gguf_file import f32_value
+
+    rng = random.Random(0)
+    vals = [0.0, -0.0, 1e-6, 1e-5, 0.1, 1e6, 5e5, 150000.0, 3.4028235e38, 1e39, -1e39, math.inf, -math.inf]
+    for k in range(-149, 128):
+        vals += [2.0 ** k, -(2.0 ** k), 2.0 ** k * 1.0000001, 2.0 ** k * 0.9999999]
+    vals += [rng.randint(0, 2 ** 26) / 4 for _ in range(20000)]          # many exact ties at the last digit
+    for _ in range(100000):
+        v = struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0]
+        if math.isfinite(v):
+            vals.append(v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # numpy warns on the float32 overflow
+        want = [float(str(np.float32(v))) for v in vals]
+    got = [f32_value(v) for v in vals]
+    bad = [(v, g, w) for v, g, w in zip(vals, got, want) if g != w or math.copysign(1, g) != math.copysign(1, w)]
+    assert not bad, bad[:5]
+    assert math.isnan(f32_value(math.nan))

@@ -69,3 +69,22 @@ def test_pins_make_the_full_reserve_differ() -> None:
         ctx = context_from_case(case(cid))
         planned = {b.backend: b.needed["pp"] for b in ctx.events[-1].buffers}
         assert planned == _pp1(cid), cid
+
+
+def _full_no_alloc_pp(ctx: Context) -> dict[str, int]:
+    ev = ctx.events[-1]
+    out: dict[str, int] = {}
+    for b in ev.buffers:
+        out[b.buft] = out.get(b.buft, 0) + b.needed["pp"]
+    return out
+
+
+@pytest.mark.parametrize("cid", SIZED[::7])
+def test_reserve_size_alone_is_the_full_no_alloc_reserve(cid: str) -> None:
+    """Memory fitting's probes call Context.reserve_size on a context made without a reserve: the pp
+    sizes, the copies and the flash-attention decision are those of the whole no_alloc sched_reserve
+    (fused-op probes and tg split, pp sized twice), which is what llama.cpp runs."""
+    full = context_from_case(case(cid), no_alloc=True)
+    alone = context_from_case(case(cid), no_alloc=True, reserve=False)
+    assert alone.reserve_size() == _full_no_alloc_pp(full)
+    assert (alone.n_copies, alone.flash_attn) == (full.n_copies, full.flash_attn)

@@ -160,6 +160,7 @@ def cmd_fit(argv: Sequence[str]) -> int:
     from toolkit.args import load_model_arg, parse_args
     from toolkit.fit import fit_params, fit_print, real_run
     from toolkit.fit.cases import fit_case
+    from toolkit.ggml.bulk import paused_gc
     opts, rest = split_tool_options(argv)
     if "cases" in opts:
         cases = json.loads(Path(opts["cases"]).read_text())
@@ -184,8 +185,11 @@ def cmd_fit(argv: Sequence[str]) -> int:
             print("\n".join(fp.log_lines), file=sys.stderr)
             print("\n".join(fp.rows))
         return 0
-    r = fit_params(hp, args, exact=bool(opts.get("exact")))
-    real = None if opts.get("no_real") else real_run(hp, args, r)
+    # one context per probe, each dropped after it, and the process ends after the fit: CPython's cyclic
+    # collector would only rescan what the probes keep alive (see toolkit.ggml.bulk)
+    with paused_gc():
+        r = fit_params(hp, args, exact=bool(opts.get("exact")))
+        real = None if opts.get("no_real") else real_run(hp, args, r)
     if opts.get("json"):
         d = r.to_dict()
         if real is not None:

@@ -127,7 +127,7 @@ class Context:
 
     def __init__(self, model: Any, cparams: ContextParams | None = None, devices: Sequence[Backend] | None = None,
                  planner: str = "ggml", *, max_nodes: int | None = None, parallel: bool | None = None,
-                 host_memory: int | None = None, no_alloc: bool = False) -> None:
+                 host_memory: int | None = None, no_alloc: bool = False, reserve: bool = True) -> None:
         # the most host memory a plan may ask for (scheduler metadata, CPU buffers); None: the machine's
         self.host_memory = validate.optional_integer("host_memory", host_memory, lo=0,
                                                      none_means="the machine's physical memory")
@@ -146,7 +146,8 @@ class Context:
         self.holder = SchedulerHolder(lambda: self.backends, planner, host_memory=self.host_memory)
         self.fa_resolved = self.cparams.flash_attn != "auto"
         self.last_graph: GraphResult | None = None  # the GraphResult of the last build_graph (inputs, logits, pins)
-        self.sched_reserve(trigger="context created")
+        if reserve:   # reserve=False: the caller runs reserve_size (memory fitting's probes) instead
+            self.sched_reserve(trigger="context created")
 
     # ---- the reuse layer's state ---------------------------------------------------------------
     @property
@@ -320,8 +321,19 @@ class Context:
         # resolve_fused_ops: split-only probes (flash attention only when auto)
         if not self.fa_resolved:
             self._resolve_flash_attn(n_seqs, r.warnings)
-        for nt in N_FUSED_OP_PROBES:
+        # once a repeated probe changed nothing (Scheduler.split_state), the next repeats split the same graph
+        # on the same state again; they are skipped two at a time, which also leaves ggml's two id arrays
+        # (the current and the previous graph's backend ids, swapped at every split) as they would be
+        probes, i, settled = N_FUSED_OP_PROBES, 0, False
+        while i < len(probes):
+            nt = probes[i]
+            if settled and i + 1 < len(probes) and probes[i - 1] == nt == probes[i + 1]:
+                i += 2
+                continue
+            before = self.scheduler.split_state()
             self.graph_reserve(nt, n_seqs, nt, split_only=True)
+            settled = i > 0 and probes[i - 1] == nt and self.scheduler.split_state() == before
+            i += 1
         t_probe = time.perf_counter()
         lg = self.graph_reserve(n_tokens, n_seqs, n_outputs_pp, sizes=self.no_alloc)
         if lg is None and self.pipeline_parallel:
@@ -346,6 +358,38 @@ class Context:
         timings = {"sched_new": (r.t_new - r.t0) * 1e3, "probes": (t_probe - r.t_new) * 1e3,
                    "reserve": (t_end - t_probe) * 1e3, "total": (t_end - r.t0) * 1e3}
         return h.record(r, trigger, timings, memory_groups(self.setup), pipeline_parallel=self.pipeline_parallel)
+
+    @with_paused_gc
+    def reserve_size(self) -> dict[str, int]:
+        """What memory fitting reads of a ``no_alloc`` context's reserve: ``ggml_backend_sched_reserve_size``
+        over the pp graph, per compute buffer type (bytes the graph needs alone, 0 for a buft shared
+        with an earlier backend), on a scheduler made by ``sched_new``.
+
+        :meth:`sched_reserve` under ``no_alloc`` runs the same steps and more: the fused-op probes and
+        the tg graph are split only, and the second pp reserve sizes the same graph again. Every
+        ``ggml_backend_sched_reserve_size`` resets the scheduler and plans its graph from empty
+        allocators (``ggml_gallocr_reserve_n_size``), so those steps do not change what this one
+        returns; only the flash-attention probe of ``-fa auto`` changes the graph, and it runs here
+        too. No :class:`~toolkit.reuse.ReserveEvent` is recorded."""
+        rp = self.setup.resolved
+        n_seqs = rp.n_seq_max
+        n_tokens = min(rp.n_ctx, rp.n_ubatch)
+        params = SchedParams(self.max_nodes(), self.pipeline_parallel, self.cparams.op_offload)
+        self._precheck(params)
+        self.holder.sched_new(params)
+        self.holder.params_req = params
+        if not self.fa_resolved:
+            self._resolve_flash_attn(n_seqs, [])
+        n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, min(n_tokens, rp.n_outputs_max))
+        # graph_reserve's sizes path on a graph used once (ContextSetup.sized_graph); no pins:
+        # ggml_backend_sched_reserve_size resets the scheduler before splitting
+        s = self.scheduler
+        s.reset()
+        s.reserve_size(self.setup.sized_graph(self.max_nodes(), n_tokens, n_seqs, n_outputs).graph)
+        out: dict[str, int] = {}
+        for i, n in enumerate(s.graph_needed_sizes()):
+            out[s.bufts[i].name] = out.get(s.bufts[i].name, 0) + n
+        return out
 
     def _check_host_buffers(self) -> None:
         """Refuse a plan whose host buffers (KV cache, outputs, compute, weights not mapped from the

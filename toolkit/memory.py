@@ -16,7 +16,7 @@ from typing import Any
 
 from toolkit.args import LlamaArgs
 from toolkit.errors import ParameterError
-from toolkit.models.devices import make_devices, parse_bytes
+from toolkit.models.devices import DeviceSet, make_devices, parse_bytes
 
 MiB = 1 << 20
 # common_memory_breakdown_print strips these from device descriptions
@@ -180,18 +180,23 @@ def context_breakdown(ctx: Any, *, exact: bool = False) -> tuple[Breakdown, tupl
     column sums the event's memory groups (``llama_memory_i::memory_breakdown``: KV, KV-SWA, ...),
     compute is what the graph reserved last (pp) needs alone (``backend_buf_exp_size`` under
     ``no_alloc``) or, with ``exact``, the allocated buffers."""
-    devs = ctx.setup.devices
     ev = ctx.events[-1]
     compute: dict[str, int] = {}
     for b in ev.buffers:
         compute[b.buft] = compute.get(b.buft, 0) + (b.allocated if exact else b.needed[ev.last_graph])
+    return devices_breakdown(ctx.setup.devices, ctx.model_buffers_bytes, ev.context_memory(), compute), \
+        tuple(compute.items())
+
+
+def devices_breakdown(devs: DeviceSet, model: Mapping[str, int], context: Mapping[str, int],
+                      compute: Mapping[str, int]) -> Breakdown:
+    """:func:`breakdown` over a context's devices (a :class:`~toolkit.models.devices.DeviceSet`): a row
+    per model device, the host buffer types (the CPU's, ``CPU_Mapped``, the GPUs' host bufts) summed."""
     host = {devs.cpu_buft.name, devs.cpu.buft.name, "CPU_Mapped"}
     host |= {g.host_buft.name for g in devs.gpus if g.host_buft is not None}
     host |= {a.buft.name for a in devs.accels if a.buft.is_host}
-    bd = breakdown(ctx.model_buffers_bytes, ev.context_memory(), compute, [g.buft.name for g in devs.gpus],
-                   sorted(host))
-    return bd, tuple(compute.items())
+    return breakdown(model, context, compute, [g.buft.name for g in devs.gpus], sorted(host))
 
 
 __all__ = ["Breakdown", "DeviceMemory", "MemoryRow", "MiB", "breakdown", "breakdown_table", "context_breakdown",
-           "device_memory", "strip_budget"]
+           "device_memory", "devices_breakdown", "strip_budget"]

@@ -51,11 +51,38 @@ def printed_fields(printed: str) -> dict[str, Any] | None:
     return {"c": int(m.group(1)), "ngl": int(m.group(2)), "ts": m.group(3), "ot": m.group(4)}
 
 
+# a real-size model description: its recipe's names for what the oracle's cases.json schema calls otherwise
+_RECIPE_NAMES = {"head_dim": "n_embd_head"}
+_EXPERT_WEIGHTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def model_description(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A fit case's ``model`` in the schema :func:`toolkit.args.model_from_dict` reads.
+
+    The oracle's real-size cases (sparse GGUFs written from a published config) keep the sizes the
+    file was generated from under ``recipe`` (``head_dim`` for the head size, ``expert_dtype`` for the
+    experts' type) and list the file's stored types in ``tensor_types``, where the cases.json schema
+    has per-suffix type overrides; such a description is flattened, its list dropped and its experts'
+    type, where it differs from ``dtype``, made an override. Any other description is returned as it is.
+    """
+    recipe = d.get("recipe")
+    if not isinstance(recipe, Mapping) or "n_embd" in d or "n_embd" not in recipe:
+        return dict(d)
+    out: dict[str, Any] = {_RECIPE_NAMES.get(str(k), str(k)): v for k, v in recipe.items() if v is not None}
+    out.update({k: v for k, v in d.items() if k not in ("recipe", "tensor_types")})
+    types = dict(d["tensor_types"]) if isinstance(d.get("tensor_types"), Mapping) else {}
+    expert = recipe.get("expert_dtype")
+    if expert and int(recipe.get("n_expert") or 0) > 0 and expert != recipe.get("dtype"):
+        types.update(dict.fromkeys(_EXPERT_WEIGHTS, expert))
+    out["tensor_types"] = types
+    return out
+
+
 def fit_case(case: Mapping[str, Any], *, real: bool = True) -> dict[str, Any]:
     """Fit one case; ``{"id", "printed", "fitted", "probes", "log_lines", …}`` or ``{"id", "error"}``."""
     cid = case.get("id")
     try:
-        hp = model_from_dict(case["model"])
+        hp = model_from_dict(model_description(case["model"]))
         args = parse_args([str(a) for a in case["inputs"]["cli_args"]])
         mem = device_memory(args, memory_from_inputs(case))
         if args.fit_print:
@@ -77,4 +104,4 @@ def fit_case(case: Mapping[str, Any], *, real: bool = True) -> dict[str, Any]:
         return {"id": cid, "error": str(e)}
 
 
-__all__ = ["fit_case", "memory_from_inputs", "printed_fields"]
+__all__ = ["fit_case", "memory_from_inputs", "model_description", "printed_fields"]

@@ -9,11 +9,19 @@ before splitting, so the backends ``llama_context::graph_get_cb`` pinned while t
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolkit.memory import Breakdown, DeviceMemory, breakdown_table, context_breakdown, strip_budget
+from toolkit.memory import (
+    Breakdown,
+    DeviceMemory,
+    breakdown_table,
+    context_breakdown,
+    devices_breakdown,
+    strip_budget,
+)
 from toolkit.models.cparams import ContextParams
 from toolkit.models.hparams import HParams
 
@@ -96,24 +104,54 @@ def real_context(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory])
         return ctx, None, str(e)
 
 
+# the newest probes by (id(hparams), cparams, memory, exact); each entry holds its HParams, so the id stays its own
+_PROBES: OrderedDict[tuple[int, ContextParams, tuple[DeviceMemory, ...], bool], tuple[HParams, Probe]] = OrderedDict()
+PROBES_KEPT = 64
+
+
 def probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool = False) -> Probe:
     """One ``common_get_device_memory_data_impl``: plan ``cp`` with no memory-mapped weights.
 
     ``exact`` reads the buffers a real context allocates instead: the full reserve sequence
     (pp → tg → pp), with the retry without pipeline parallelism when a device runs out of memory.
+
+    A probe is a function of its arguments (frozen data), so the last :data:`PROBES_KEPT` answers are
+    kept: fitting measures some parameters twice (the chosen ones again after the search, and once
+    more for the real run's estimate), and a what-if over the same model repeats most of them.
     """
+    key = (id(hp), cp, tuple(memory), exact)
+    hit = _PROBES.get(key)
+    if hit is not None and hit[0] is hp:
+        _PROBES.move_to_end(key)
+        return hit[1]
+    p = _probe(hp, cp, memory, exact=exact)
+    _PROBES[key] = (hp, p)
+    while len(_PROBES) > PROBES_KEPT:
+        _PROBES.popitem(last=False)
+    return p
+
+
+def _probe(hp: HParams, cp: ContextParams, memory: Sequence[DeviceMemory], *, exact: bool) -> Probe:
     from toolkit.context import Context  # the context layer sits above models
     pcp = cp.replace(use_mmap=False, devices=tuple(strip_budget(s) for s in cp.devices),
                      tensor_split=default_split(cp, memory))
+    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
     if exact:
         unlimited, ctx, _ = real_context(hp, pcp, memory)
         ctx = ctx if ctx is not None else unlimited   # out of memory: the unlimited need, above the free memory
-    else:
-        ctx = Context(hp, pcp, no_alloc=True)
-    bd, comp = context_breakdown(ctx, exact=exact)
-    params = ProbeParams(cp.n_ctx, cp.n_gpu_layers, cp.tensor_split)
-    return Probe(params, bd, comp, tuple(ctx.events[-1].context_memory().items()), ctx.n_copies,
+        bd, comp = context_breakdown(ctx, exact=True)
+        return Probe(params, bd, comp, tuple(ctx.events[-1].context_memory().items()), ctx.n_copies,
+                     tuple(breakdown_table(bd, memory)))
+    # the no_alloc context as memory fitting reads it: model and memory placed, the pp graph sized
+    ctx = Context(hp, pcp, no_alloc=True, reserve=False)
+    compute = ctx.reserve_size()
+    context: dict[str, int] = {}
+    for bufs in ctx.setup.memory.groups.values():
+        for name, n in bufs.items():
+            context[name] = context.get(name, 0) + n
+    bd = devices_breakdown(ctx.setup.devices, ctx.model_buffers_bytes, context, compute)
+    return Probe(params, bd, tuple(compute.items()), tuple(context.items()), ctx.n_copies,
                  tuple(breakdown_table(bd, memory)))
 
 
-__all__ = ["Probe", "ProbeParams", "default_split", "probe", "real_context"]
+__all__ = ["PROBES_KEPT", "Probe", "ProbeParams", "default_split", "probe", "real_context"]

@@ -97,10 +97,12 @@ class Graph:
                 t.name = f"node_{len(self.nodes)}"
             self.nodes.append(t)
 
-    def copy(self, size: int, shared: Callable[[Tensor], bool]) -> tuple[Graph, Callable[[Tensor], Tensor]]:
+    def copy(self, size: int, shared: Callable[[Tensor], bool], rebind: Callable[[Tensor], Tensor] | None = None
+             ) -> tuple[Graph, Callable[[Tensor], Tensor]]:
         """A graph of new tensors with the same fields and the same structure, holding up to ``size``
         nodes and leafs; tensors for which ``shared(t)`` is true (allocated ones: weights, the KV
-        cache) are not copied. Returns the graph and a function from an old tensor to its copy (which
+        cache) are not copied, but kept (or replaced by ``rebind(t)``: another model's tensor of the
+        same name). Returns the graph and a function from an old tensor to its copy (which
         copies, once, a tensor outside the graph too).
 
         Building the same graph again gives the same result; a copy is cheaper, and the scheduler may
@@ -116,8 +118,9 @@ class Graph:
             if c is not None:
                 return c
             if shared(t):
-                memo[id(t)] = t
-                return t
+                c = t if rebind is None else rebind(t)
+                memo[id(t)] = c
+                return c
             # a tensor reached through a source or view base but not in the graph (or not yet)
             vs = t.view_src
             c = t.duplicate([None if s is None else get(s) for s in t.src], None if vs is None else get(vs))
@@ -133,7 +136,7 @@ class Graph:
             c = mget(id(t))
             if c is None:
                 if shared(t):
-                    c = t
+                    c = t if rebind is None else rebind(t)
                 else:
                     vs = t.view_src
                     c = t.duplicate([None if s is None else mget(id(s)) or get(s) for s in t.src],

@@ -14,6 +14,8 @@ none, their quantization needs an importance matrix).
 from __future__ import annotations
 
 import enum
+import math
+import struct
 
 from toolkit.errors import ParameterError
 
@@ -116,3 +118,16 @@ BF16 = GGMLType.BF16
 I32 = GGMLType.I32
 Q4_0 = GGMLType.Q4_0
 Q8_0 = GGMLType.Q8_0
+
+
+_F32 = struct.Struct("<f")
+
+
+def to_f32(x: float) -> float:
+    """``(float) x`` as C casts a double: rounded to the nearest float32, infinity past its range. An
+    operation on two float32 values done in double and cast back is the float32 operation (a double
+    holds more than twice float32's precision)."""
+    try:
+        return float(_F32.unpack(_F32.pack(x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)

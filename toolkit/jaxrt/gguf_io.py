@@ -19,12 +19,13 @@ from typing import Any, cast
 import jax.numpy as jnp
 import numpy as np
 
-from toolkit.errors import ParameterError, UnsupportedFeature
+from toolkit.errors import UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.jaxrt.quant import DEQUANT, dequantize
 from toolkit.models import archs
 from toolkit.models.gguf import hparams_from_gguf
 from toolkit.models.gguf_file import GGUFFile, open_gguf
+from toolkit.models.gguf_write import add_model_keys
 from toolkit.models.hparams import HParams
 
 # the float types, and every quantized type the runtime dequantizes (toolkit.jaxrt.quant.DEQUANT)
@@ -132,8 +133,9 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
                split_max_tensors: int = 0) -> dict[str, np.ndarray]:
     """Write a GGUF of ``hp``'s architecture with hp's shapes and types (random weights unless given; a
     quantized weight may be given as its blocks, see :func:`encode`), a minimal tokenizer, and return the
-    f32 values the file holds *after* quantization (what ggml computes with). The keys are the common
-    ones (per-layer sizes as arrays) and the architecture's (``Architecture.gguf_keys``).
+    f32 values the file holds *after* quantization (what ggml computes with). The keys are
+    :func:`toolkit.models.gguf_write.add_model_keys`' (the common ones, per-layer sizes as arrays, and
+    the architecture's ``Architecture.gguf_keys``).
 
     ``vocab``: a real SPM vocabulary instead of the minimal one, ``{"tokens": [...], "scores": [...],
     "token_types": [...]}`` with ``hp.n_vocab`` entries (``tokenizer.ggml.*``; BOS 1, EOS 2).
@@ -146,41 +148,7 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
     vals = dict(values) if values is not None else random_weights(hp, seed)
     arch = archs.get(hp.arch)
     w = GGUFWriter(str(path), arch.name, split_max_tensors=split_max_tensors)
-    w.add_name(hp.name)
-    w.add_block_count(hp.n_layer_all)   # the NextN/MTP blocks included (Architecture.gguf_keys: nextn_predict_layers)
-    w.add_context_length(hp.n_ctx_train)
-    w.add_embedding_length(hp.n_embd)
-    w.add_feed_forward_length(_per_layer(hp.n_ff_arr))
-    w.add_head_count(_per_layer(hp.n_head_arr))
-    w.add_head_count_kv(_per_layer(hp.n_head_kv_arr))
-    if hp.n_embd_head_k_ is not None:
-        w.add_key_length(hp.n_embd_head_k)
-    if hp.n_embd_head_v_ is not None:
-        w.add_value_length(hp.n_embd_head_v)
-    w.add_rope_dimension_count(hp.n_rot)
-    w.add_layer_norm_rms_eps(hp.eps)
-    w.add_rope_freq_base(hp.rope_freq_base)
-    w.add_vocab_size(hp.n_vocab)
-    if hp.moe is not None:
-        w.add_expert_count(hp.moe.n_expert)
-        w.add_expert_used_count(hp.moe.n_expert_used)
-        if hp.moe.n_ff_exp:
-            w.add_expert_feed_forward_length(hp.moe.n_ff_exp)
-    for key, value in arch.gguf_keys(hp).items():
-        _add_key(w, f"{arch.name}.{key}", value)
-    w.add_tokenizer_model("llama")
-    if vocab is None:
-        w.add_token_list([f"<t{i}>".encode() for i in range(hp.n_vocab)])
-        w.add_token_scores([0.0] * hp.n_vocab)
-        w.add_token_types([1] * hp.n_vocab)
-    else:
-        if len(vocab["tokens"]) != hp.n_vocab:
-            raise ParameterError("vocab", len(vocab["tokens"]), f"{hp.n_vocab} tokens (hp.n_vocab)")
-        w.add_token_list([t.encode() for t in vocab["tokens"]])
-        w.add_token_scores([float(x) for x in vocab["scores"]])
-        w.add_token_types([int(x) for x in vocab["token_types"]])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
+    add_model_keys(w, hp, vocab)
     stored: dict[str, np.ndarray] = {}
     for info in arch.weights(hp):
         arr, qt = encode(vals[info.name], info.type)
@@ -199,22 +167,3 @@ def write_gguf(path: str | Path, hp: HParams, values: Mapping[str, np.ndarray] |
     return stored
 
 
-def _per_layer(v: int | tuple[int, ...]) -> int | list[int]:
-    return v if isinstance(v, int) else list(v)
-
-
-def _add_key(w: Any, key: str, value: Any) -> None:
-    """One architecture key, typed as llama.cpp reads it: bool, uint32, float32, a string (``rope.scaling.type``)
-    or an array of them."""
-    if isinstance(value, str):
-        w.add_string(key, value)
-    elif isinstance(value, bool):
-        w.add_bool(key, value)
-    elif isinstance(value, int):
-        w.add_uint32(key, value)
-    elif isinstance(value, float):
-        w.add_float32(key, value)
-    elif isinstance(value, list | tuple):
-        w.add_array(key, list(value))
-    else:
-        raise TypeError(f"GGUF key {key}: {value!r} is not a str, bool, int, float or list")

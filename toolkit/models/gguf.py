@@ -17,8 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml.types import GGMLType
 from toolkit.models import archs, moe
@@ -122,6 +120,7 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = (), moe_keys: tup
     if scales:
         out["weight_scales"] = scales
     if "rope_freqs.weight" in f.tensors:
+        import numpy as np
         out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
     return out
 

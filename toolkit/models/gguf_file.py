@@ -33,18 +33,20 @@ stored bits back exactly.
 from __future__ import annotations
 
 import enum
+import math
 import mmap
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import GGUFError
-from toolkit.ggml.types import GGMLType
+from toolkit.ggml.types import GGMLType, to_f32
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUF_MAGIC = b"GGUF"
 # gguf_init_from_file refuses GGUFv1 and anything newer than GGUF_VERSION (3)
@@ -72,14 +74,15 @@ class GGUFValueType(enum.IntEnum):
 
 
 _T = GGUFValueType
-# scalar type -> (struct format, little-endian numpy dtype)
-_SCALARS: dict[GGUFValueType, tuple[struct.Struct, np.dtype[Any]]] = {
-    _T.UINT8: (struct.Struct("<B"), np.dtype("<u1")), _T.INT8: (struct.Struct("<b"), np.dtype("<i1")),
-    _T.UINT16: (struct.Struct("<H"), np.dtype("<u2")), _T.INT16: (struct.Struct("<h"), np.dtype("<i2")),
-    _T.UINT32: (struct.Struct("<I"), np.dtype("<u4")), _T.INT32: (struct.Struct("<i"), np.dtype("<i4")),
-    _T.FLOAT32: (struct.Struct("<f"), np.dtype("<f4")), _T.BOOL: (struct.Struct("<?"), np.dtype("?")),
-    _T.UINT64: (struct.Struct("<Q"), np.dtype("<u8")), _T.INT64: (struct.Struct("<q"), np.dtype("<i8")),
-    _T.FLOAT64: (struct.Struct("<d"), np.dtype("<f8")),
+# scalar type -> (struct format, little-endian numpy dtype); numpy is imported only to view arrays and tensor
+# data, never to read the metadata (planning reads only that)
+_SCALARS: dict[GGUFValueType, tuple[struct.Struct, str]] = {
+    _T.UINT8: (struct.Struct("<B"), "<u1"), _T.INT8: (struct.Struct("<b"), "<i1"),
+    _T.UINT16: (struct.Struct("<H"), "<u2"), _T.INT16: (struct.Struct("<h"), "<i2"),
+    _T.UINT32: (struct.Struct("<I"), "<u4"), _T.INT32: (struct.Struct("<i"), "<i4"),
+    _T.FLOAT32: (struct.Struct("<f"), "<f4"), _T.BOOL: (struct.Struct("<?"), "?"),
+    _T.UINT64: (struct.Struct("<Q"), "<u8"), _T.INT64: (struct.Struct("<q"), "<i8"),
+    _T.FLOAT64: (struct.Struct("<d"), "<f8"),
 }
 INT_TYPES = frozenset({_T.UINT8, _T.INT8, _T.UINT16, _T.INT16, _T.UINT32, _T.INT32, _T.UINT64, _T.INT64})
 FLOAT_TYPES = frozenset({_T.FLOAT32, _T.FLOAT64})
@@ -87,16 +90,33 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _TYPES_BY_ID = {t.ggml_id: t for t in GGMLType}
 # ggml types whose data numpy holds as values; every other type is kept as raw bytes (blocks)
-_VALUE_DTYPES: dict[GGMLType, np.dtype[Any]] = {
-    GGMLType.F32: np.dtype("<f4"), GGMLType.F16: np.dtype("<f2"), GGMLType.F64: np.dtype("<f8"),
-    GGMLType.I8: np.dtype("<i1"), GGMLType.I16: np.dtype("<i2"), GGMLType.I32: np.dtype("<i4"),
-    GGMLType.I64: np.dtype("<i8"),
+_VALUE_DTYPES: dict[GGMLType, str] = {
+    GGMLType.F32: "<f4", GGMLType.F16: "<f2", GGMLType.F64: "<f8", GGMLType.I8: "<i1", GGMLType.I16: "<i2",
+    GGMLType.I32: "<i4", GGMLType.I64: "<i8",
 }
 
 
 def f32_value(x: float) -> float:
-    """The shortest decimal that reads back as the same float32 (the rule for every FLOAT32 value)."""
-    return float(str(np.float32(x)))
+    """The shortest decimal that reads back as the same float32 (the rule for every FLOAT32 value): the
+    digits ``str(numpy.float32(x))`` prints (Dragon4's shortest unique form, ties to even), found without
+    numpy by rounding to 1, 2, … significant digits, with the neighbours of each rounding for the
+    uneven rounding interval at a power of two. :meth:`GGUFArray.tolist` gets whole arrays from numpy;
+    ``tests/test_gguf_reader.py`` checks that both agree."""
+    f = to_f32(x)
+    if f == 0.0 or f != f or math.isinf(f):
+        return f
+    for p in range(9):
+        s = f"{f:.{p}e}"
+        v = float(s)
+        if to_f32(v) == f:
+            return v
+        digits, exp = s.split("e")
+        m, e = int(digits.replace(".", "")), int(exp) - p
+        for c in (m - 1, m + 1) if m > 0 else (m + 1, m - 1):
+            v = float(f"{c}e{e}")
+            if to_f32(v) == f:
+                return v
+    return float(f)
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,10 +138,10 @@ class GGUFArray:
 
     def numpy(self) -> np.ndarray:
         """The elements as a read-only view of the mapped file (numeric arrays only)."""
+        import numpy as np
         if self.type is GGUFValueType.STRING:
             raise TypeError("a string array has no numpy view; use strings()")
-        dt = _SCALARS[self.type][1]
-        return np.frombuffer(self.file.buffer, dt, self.count, self.offset)
+        return np.frombuffer(self.file.buffer, np.dtype(_SCALARS[self.type][1]), self.count, self.offset)
 
     def strings(self) -> list[str]:
         """The elements of a string array, decoded (this materialises every string)."""
@@ -135,10 +155,14 @@ class GGUFArray:
         return out
 
     def tolist(self) -> list[Any]:
+        """The elements as Python values (FLOAT32 ones as :func:`f32_value` reads them, by numpy's
+        ``str`` of each: a vocabulary's scores are many)."""
         if self.type is GGUFValueType.STRING:
             return self.strings()
-        vals = self.numpy().tolist()
-        return [f32_value(v) for v in vals] if self.type is GGUFValueType.FLOAT32 else vals
+        if self.type is GGUFValueType.FLOAT32:
+            return [float(str(v)) for v in self.numpy()]
+        st = _SCALARS[self.type][0]
+        return list(struct.unpack_from(f"<{self.count}{st.format[-1]}", self.file.buffer, self.offset))
 
 
 @dataclass(frozen=True)
@@ -322,12 +346,13 @@ class GGUFFile:
         """A read-only view of a tensor's data in ``gguf.GGUFReader``'s layout: values, shaped
         ``reversed(ne)``, for float and integer types; raw bytes, shaped ``(*reversed(ne)[:-1],
         row bytes)``, for bf16 and block-quantized types."""
+        import numpy as np
         t = self.tensors[name]
         buf = self.shards[t.file_index].buffer
         shape = tuple(reversed(t.ne))
         dt = _VALUE_DTYPES.get(t.type)
         if dt is not None:
-            return np.frombuffer(buf, dt, t.n_elements, t.data_offset).reshape(shape)
+            return np.frombuffer(buf, np.dtype(dt), t.n_elements, t.data_offset).reshape(shape)
         arr = np.frombuffer(buf, np.uint8, t.nbytes, t.data_offset)
         if not shape:
             return arr

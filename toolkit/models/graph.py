@@ -25,10 +25,9 @@ scheduler pins live in :meth:`GraphBuilder.cb`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
@@ -39,6 +38,9 @@ from toolkit.models.inputs import GraphInput, InputAttnK, InputAttnKV, InputAttn
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory import KVCache, Memory, UBatch
 from toolkit.models.moe import build_moe_ffn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 In = TypeVar("In", bound=GraphInput)
 
@@ -65,14 +67,16 @@ class GraphResult:
     # and the MTP architectures set it); set_outputs makes it a graph output, so it is never freed
     h_nextn: Tensor | None = None
 
-    def copy(self, graph_size: int) -> GraphResult:
-        """The same graph over new tensors (the weights and the KV cache shared), with capacity
+    def copy(self, graph_size: int, rebind: Callable[[Tensor], Tensor] | None = None,
+             memory: Mapping[int, object] | None = None) -> GraphResult:
+        """The same graph over new tensors (the weights and the KV cache shared, or each replaced by
+        ``rebind(t)`` and the inputs' caches by ``memory``, see :meth:`GraphInput.copy`), with capacity
         ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
-        g, cp = self.graph.copy(graph_size, _allocated)
+        g, cp = self.graph.copy(graph_size, _allocated, rebind)
         return GraphResult(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],
-            [(cp(t), il) for t, il in self.fa_nodes], [inp.copy(cp) for inp in self.inputs],
+            [(cp(t), il) for t, il in self.fa_nodes], [inp.copy(cp, memory) for inp in self.inputs],
             None if self.logits is None else cp(self.logits), None if self.embd is None else cp(self.embd),
             None if self.h_nextn is None else cp(self.h_nextn))
 

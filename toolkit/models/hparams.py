@@ -36,8 +36,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
 from toolkit.models import moe as moe_ffn
@@ -191,6 +189,7 @@ class RopeScaling:
     @property
     def attn_factor(self) -> float:
         """``cparams.yarn_attn_factor`` (float32 arithmetic as llama.cpp's)."""
+        import numpy as np
         f = np.float32(self.factor)
         return float(np.float32(self._attn_factor_set()) *
                      (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(f))))
@@ -384,6 +383,7 @@ class HParams:
         if (self.n_embd_head_k_ is None or self.n_embd_head_v_ is None) and self.n_embd % self.n_head(0):
             raise ToolkitError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head(0)}")
         if self.rope_freqs is not None:
+            import numpy as np
             rf = tuple(float(x) for x in np.asarray(self.rope_freqs, np.float32))  # rope_freqs.weight is F32
             if len(rf) != self.n_rot // 2:
                 raise ToolkitError(f"rope_freqs has {len(rf)} factors; n_rot={self.n_rot} needs {self.n_rot // 2}")

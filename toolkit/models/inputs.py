@@ -18,14 +18,16 @@ read the cache's cells and the slot :meth:`toolkit.models.memory.Memory.apply_ub
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from toolkit.ggml.tensor import Tensor
 from toolkit.models.memory import KVCache, UBatch
 from toolkit.models.memory_recurrent import RecurrentMemory
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(eq=False)
@@ -46,13 +48,19 @@ class GraphInput:
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
         raise NotImplementedError
 
-    def copy(self, cp: Callable[[Tensor], Tensor]) -> GraphInput:
-        """The same input over a graph copy's tensors (``cp`` maps a tensor to its copy); caches are shared."""
+    def copy(self, cp: Callable[[Tensor], Tensor], memory: Mapping[int, object] | None = None) -> GraphInput:
+        """The same input over a graph copy's tensors (``cp`` maps a tensor to its copy); caches are shared,
+        or with ``memory`` (id of a cache or recurrent state -> another setup's) replaced: KeyError for a
+        field that holds an object ``memory`` does not map."""
         changes: dict[str, object] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (Tensor, GraphInput)):
-                changes[f.name] = cp(v) if isinstance(v, Tensor) else v.copy(cp)
+            if isinstance(v, Tensor):
+                changes[f.name] = cp(v)
+            elif isinstance(v, GraphInput):
+                changes[f.name] = v.copy(cp, memory)
+            elif memory is not None and not isinstance(v, (int, float, str, type(None))):
+                changes[f.name] = memory[id(v)]
         return dataclasses.replace(self, **changes)
 
 
@@ -65,6 +73,7 @@ class InputEmbd(GraphInput):
     embd: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         return {self.tokens: ub.tokens.astype(np.int32)}
 
 
@@ -77,6 +86,7 @@ class InputPos(GraphInput):
     n_pos: int = 1
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         p = ub.pos.astype(np.int32)
         if self.n_pos == 1:
             return {self.pos: p}
@@ -90,6 +100,7 @@ class InputOutIds(GraphInput):
     out_ids: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         n_outputs = self.out_ids.ne[0]
         if n_outputs == ub.n_tokens:
             return {self.out_ids: np.arange(n_outputs, dtype=np.int32)}
@@ -171,6 +182,7 @@ class InputRS(GraphInput):
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
         """The cell each state is read from (``llama_memory_recurrent_context::s_copy``): a sequence's own,
         or the cleared cell ``rs_z`` for a sequence that starts."""
+        import numpy as np
         del ub
         return {self.s_copy: np.asarray(self.rs.s_copy()[:self.s_copy.ne[0]], dtype=np.int32)}
 

@@ -21,16 +21,15 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from toolkit.backend import Backend, Buffer, BufferType
 from toolkit.errors import ParameterError
 from toolkit.ggml.tensor import BufferUsage, Tensor
-from toolkit.ggml.types import GGMLType
+from toolkit.ggml.types import GGMLType, to_f32
 from toolkit.models import overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet
@@ -60,18 +59,35 @@ def layer_devices(hp: HParams, cp: ContextParams, devs: DeviceSet) -> list[int]:
         shares = [float(x) for x in limits] if all(limits) else [1.0] * n_dev  # type: ignore[arg-type]
     else:
         shares = list(ts[:n_dev]) + [0.0] * (n_dev - len(ts))
-    # llama.cpp accumulates and normalises the split points in float32
-    pts = np.cumsum(np.asarray(shares, dtype=np.float32), dtype=np.float32)
+    # llama.cpp accumulates and normalises the split points in float32 (to_f32 after each operation)
+    pts: list[float] = []
+    acc = 0.0
+    for x in shares:
+        acc = to_f32(acc + to_f32(x))
+        pts.append(acc)
     if n_dev:
-        pts = (pts / pts[-1]).astype(np.float32)
+        last = pts[-1]
+        pts = [to_f32(p / last) if last else math.nan for p in pts]   # 0/0: every point is 0
     out: list[int] = []
     for il in range(n_layer + 1):
         if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
             out.append(-1)
             continue
-        x = np.float32(il - i_gpu_start) / np.float32(act_gpu_layers)
-        out.append(int(np.searchsorted(pts, x, side="right")))
+        out.append(_upper_bound(pts, to_f32(to_f32(il - i_gpu_start) / to_f32(act_gpu_layers))))
     return out
+
+
+def _upper_bound(pts: Sequence[float], x: float) -> int:
+    """``std::upper_bound`` over the split points: the first point above ``x`` (NaN points ordered last, as
+    numpy's searchsorted does; no split reaches one, the shares are never all 0)."""
+    lo, hi = 0, len(pts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < pts[mid] or pts[mid] != pts[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def repack_supported(w: WeightInfo) -> bool:

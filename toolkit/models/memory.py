@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from toolkit.backend import Buffer, BufferType
 from toolkit.errors import ParameterError, UnsupportedFeature
@@ -31,6 +30,9 @@ from toolkit.models.cparams import ResolvedParams
 from toolkit.models.hparams import HParams
 from toolkit.models.loader import LoadedModel
 from toolkit.models.memory_recurrent import RecurrentMemory, make_recurrent_memory
+
+if TYPE_CHECKING:
+    import numpy as np
 
 I64 = GGMLType.I64
 MIB = 2**20
@@ -78,6 +80,7 @@ class UBatch:
     def of_sequence(cls, tokens: Sequence[int] | np.ndarray, pos0: int, seq_id: int = 0,
                     output: Sequence[bool] | np.ndarray | None = None) -> UBatch:
         """The tokens of one sequence at positions pos0, pos0 + 1, ...; every token outputs by default."""
+        import numpy as np
         t = np.asarray(tokens, np.int32)
         n = len(t)
         out = np.ones(n, bool) if output is None else np.asarray(output, bool)
@@ -86,6 +89,7 @@ class UBatch:
     @classmethod
     def concat(cls, parts: Sequence[UBatch]) -> UBatch:
         """Several ubatches' tokens in one (the caller keeps llama_batch_allocr's grouping by sequence)."""
+        import numpy as np
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("tokens", "pos", "seq_id", "output")))
 
     @property
@@ -95,6 +99,7 @@ class UBatch:
     @property
     def seq_id_unq(self) -> tuple[int, ...]:
         """The distinct sequences, ascending (``llama_ubatch::seq_id_unq``)."""
+        import numpy as np
         return tuple(int(s) for s in np.unique(self.seq_id))
 
 
@@ -124,6 +129,7 @@ class KVCells:
     """``llama_kv_cells`` of one stream: the position each cell holds (-1: empty) and its sequences."""
 
     def __init__(self, size: int, n_seq_max: int) -> None:
+        import numpy as np
         self.pos = np.full(size, -1, np.int64)
         self.seq = np.zeros((size, n_seq_max), bool)
 
@@ -138,6 +144,7 @@ class KVCells:
     def usable(self, n_swa: int) -> np.ndarray:
         """Per cell, whether ``find_slot`` may put a token there: empty, or held by one sequence and
         outside the window of that sequence's next position (``seq_pos_max + 1``)."""
+        import numpy as np
         count = self.seq.sum(axis=1)
         owner = np.argmax(self.seq, axis=1)
         pmax = np.where(self.seq, self.pos[:, None], -1).max(axis=0) if self.seq.size else np.zeros(0, np.int64)
@@ -156,6 +163,7 @@ class KVCells:
 def is_masked_swa(n_swa: int, p0: np.ndarray | int, p1: np.ndarray | int) -> np.ndarray:
     """``llama_hparams::is_masked_swa`` for ``LLAMA_SWA_TYPE_STANDARD``: position p0 is outside the
     window of a token at p1 when ``p1 - p0 >= n_swa`` (never, for a cache without a window)."""
+    import numpy as np
     if n_swa <= 0:
         return np.zeros(np.broadcast(p0, p1).shape, bool)
     return np.asarray(np.subtract(p1, p0) >= n_swa)
@@ -277,6 +285,7 @@ class KVCache:
     # ---- the cells (llama_kv_cache::find_slot / apply_ubatch / seq_rm / clear) --------------------
     def _streams_of(self, ub: UBatch) -> tuple[list[int], int]:
         """(the ubatch's sequence per stream slot, tokens per slot), as find_slot splits the ubatch."""
+        import numpy as np
         seqs = ub.seq_id_unq
         if any(s >= self.n_seq_max for s in seqs):
             raise ParameterError("seq_id", max(seqs), f"a sequence id below n_seq_max={self.n_seq_max}")
@@ -295,6 +304,7 @@ class KVCache:
         empty, or when it holds one sequence and the sliding window hides it from that sequence's next
         position (the SWA ring). The cells do not change while searching, so the test is one vector.
         None: no room."""
+        import numpy as np
         seqs, n_tokens = self._streams_of(ub)
         strm: list[int] = []
         idxs: list[np.ndarray] = []
@@ -317,6 +327,7 @@ class KVCache:
     def apply_ubatch(self, sinfo: SlotInfo, ub: UBatch) -> None:
         """``llama_kv_cache::apply_ubatch``: the tokens move into their cells (whatever a reused cell held
         is removed, and with it the older positions of that sequence), the heads move past the slot."""
+        import numpy as np
         pos_max_rm: dict[int, int] = {}
         n = sinfo.size
         for s in range(sinfo.n_stream):
@@ -340,6 +351,7 @@ class KVCache:
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         """``llama_kv_cache::seq_rm``: forget positions [p0, p1) of a sequence (-1: open ends)."""
+        import numpy as np
         p1 = np.iinfo(np.int64).max if p1 < 0 else p1
         s = self.seq_to_stream(seq_id)
         cells = self.cells[s]
@@ -364,6 +376,7 @@ class KVCache:
 
     def set_input_k_idxs(self, ub: UBatch) -> np.ndarray:
         """The global cell (stream * kv_size + cell) each token's K row is written to."""
+        import numpy as np
         si = self._slot()
         assert ub.n_tokens == si.size * si.n_stream
         return np.concatenate([si.strm[s] * self.kv_size + si.idxs[s] for s in range(si.n_stream)])
@@ -371,6 +384,7 @@ class KVCache:
     def set_input_v_idxs(self, ub: UBatch) -> np.ndarray:
         """As :meth:`set_input_k_idxs`, or with the transposed V one index per element: element j of a
         token in cell c of stream s goes to ``s * kv_size * n_embd_v_gqa + j * kv_size + c``."""
+        import numpy as np
         if not self.v_trans:
             return self.set_input_k_idxs(ub)
         si = self._slot()
@@ -383,6 +397,7 @@ class KVCache:
         """``llama_kv_cache::set_input_kq_mask``: 0 where token i may attend to cell j of its stream, -inf
         where the cell is empty, holds another sequence, a later position (causal) or one outside the
         window; shaped ``[n_stream, 1, n_tokens / n_stream, n_kv]`` (ggml's ne reversed), float32."""
+        import numpy as np
         n_kv, n_stream = dst.ne[0], dst.ne[3]
         if ub.n_tokens % n_stream:
             raise ValueError(f"{ub.n_tokens} tokens do not split over the mask's {n_stream} streams")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
 from toolkit.models.hparams import HParams, MLAParams, RopeScaling, SWAParams
@@ -23,6 +21,7 @@ def llama3_rope_freqs(head_dim: int, base: float = 500000.0, factor: float = 8.0
                       high_freq_factor: float = 4.0, original_max_position_embeddings: int = 8192
                       ) -> tuple[float, ...]:
     """``rope_freqs.weight`` of rope scaling type llama3, as convert_hf_to_gguf writes it (float32)."""
+    import numpy as np
     f32 = np.float32
     freqs = f32(1.0) / (f32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / f32(head_dim)))
     low_wavelen = original_max_position_embeddings / low_freq_factor

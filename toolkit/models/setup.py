@@ -9,12 +9,16 @@ pins (:func:`apply_pins`) live here too.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from toolkit.backend import Backend, profiles
 from toolkit.errors import ParameterError
 from toolkit.ggml.bulk import paused_gc
+from toolkit.ggml.tensor import Tensor
 from toolkit.models import archs, overrides
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.devices import DeviceSet, cpu_repack_buft, make_devices
@@ -84,15 +88,24 @@ class ContextSetup:
         tensor count (:meth:`toolkit.models.archs.Architecture.graph_max_nodes`)."""
         return archs.get(self.hparams.arch).graph_max_nodes(self.model.n_tensors, n_tokens)
 
+    def _graph_key(self, n_tokens: int, n_seqs: int, n_outputs: int, streams: tuple[int, int] | None
+                   ) -> tuple[bool, int, int, int, tuple[int, int] | None, tuple[int, int, int] | None]:
+        # a hybrid's graph also depends on the recurrent slot of the ubatch being run (head, n, rs_z)
+        return (self.flash_attn, n_tokens, n_seqs, n_outputs, streams, self.memory.slot_key())
+
     def _first_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int,
                      streams: tuple[int, int] | None = None) -> GraphResult:
-        """The kept build of this shape; a graph_size too small for it raises GraphFull from a real
-        build, which names the node or leaf that did not fit."""
-        # a hybrid's graph also depends on the recurrent slot of the ubatch being run (head, n, rs_z)
-        key = (self.flash_attn, n_tokens, n_seqs, n_outputs, streams, self.memory.slot_key())
+        """The kept build of this shape (:meth:`_shared_build`'s, else a real one); a graph_size too small
+        for it raises GraphFull from a real build, which names the node or leaf that did not fit."""
+        key = self._graph_key(n_tokens, n_seqs, n_outputs, streams)
         lg = self.graphs.get(key)
         if lg is None or lg.graph.n_nodes > graph_size or lg.graph.n_leafs > graph_size:
-            built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
+            built = self._shared_build(graph_size, n_tokens, n_seqs, n_outputs) if lg is None and streams is None \
+                else None
+            if built is None:
+                built = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, streams)
+                if streams is None:
+                    self._keep_build(graph_size, n_tokens, n_seqs, n_outputs, built)
             lg = self.graphs.setdefault(key, built)
         return lg
 
@@ -106,11 +119,99 @@ class ContextSetup:
 
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
-        g = self._first_build(graph_size, n_tokens, n_seqs, n_outputs).graph
+        t = _BUILDS.get(self._build_key(graph_size, n_tokens, n_seqs, n_outputs))
+        g = t[1].graph if t is not None and t[0] is self.hparams else \
+            self._first_build(graph_size, n_tokens, n_seqs, n_outputs).graph
         return g.n_nodes, g.n_leafs
+
+    # ---- builds shared between setups of one model (memory fitting's probes) --------------------
+    def _build_key(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[object, ...]:
+        """What a build depends on besides where the weights and caches live: the model, the context
+        params without the placement ones (-ngl, -ts, -ot, --cpu-moe, --n-cpu-moe, -mg, mmap), the
+        resolved params, the graph size and the shape. The builders read shapes and types only, never
+        a tensor's buffer or a layer's device (llama.cpp builds one graph whatever the placement)."""
+        cp = self.cparams.replace(n_gpu_layers=0, tensor_split=None, override_tensor=(), cpu_moe=False,
+                                  n_cpu_moe=0, main_gpu=0, use_mmap=True)
+        rp = dataclasses.replace(self.resolved, source=cp)   # the resolved params keep the given ones
+        return (id(self.hparams), cp, rp, graph_size, self._graph_key(n_tokens, n_seqs, n_outputs, None))
+
+    def _allocated_by_name(self) -> dict[str, Tensor] | None:
+        """This setup's weights and cache tensors by name (None when two share a name: rope_freqs'
+        per-buffer-type copies), the tensors a build shares instead of creating."""
+        m = self.model
+        ts = [*m.tensors.values(), *([m.output] if m.output is not None else []), *m.rope_freqs.values(),
+              *self.memory.tensors]
+        out: dict[str, Tensor] = {}
+        for t in ts:
+            if out.setdefault(t.name, t) is not t:
+                return None
+        return out
+
+    def _shared_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult | None:
+        """The build of this shape an earlier setup of the same model and context made (:meth:`_build_key`),
+        copied over this setup's weights and caches (each checked to have the name, type and shape of the
+        tensor it replaces) and memory (the inputs read this setup's caches); None when there is none or
+        something does not match."""
+        t = _BUILDS.get(self._build_key(graph_size, n_tokens, n_seqs, n_outputs))
+        if t is None or t[0] is not self.hparams:
+            return None
+        mine, memory = self._allocated_by_name(), _memory_map(t[2], self.memory)
+        if mine is None or memory is None:
+            return None
+        try:
+            return t[1].copy(graph_size, rebind=_rebinder(mine), memory=memory)
+        except KeyError:
+            return None
+
+    def _keep_build(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int, lg: GraphResult) -> None:
+        """Keep a real build for the next setups (never written: they and this setup copy it)."""
+        if self._allocated_by_name() is None:
+            return
+        _BUILDS[self._build_key(graph_size, n_tokens, n_seqs, n_outputs)] = (self.hparams, lg, self.memory)
+        while len(_BUILDS) > BUILDS_KEPT:
+            _BUILDS.popitem(last=False)
+
+    def sized_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult:
+        """A build of this shape for a caller that splits it once and drops it (``ggml_backend_sched_reserve_size``
+        in memory fitting): the kept build itself when nothing else reads it, else a copy (of it, or
+        :meth:`_shared_build`'s)."""
+        with paused_gc():
+            own = self.graphs.pop(self._graph_key(n_tokens, n_seqs, n_outputs, None), None)
+            if own is None or own.graph.size != graph_size:
+                shared = self._shared_build(graph_size, n_tokens, n_seqs, n_outputs)
+                if shared is not None:
+                    return shared
+                own = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, None)
+                self._keep_build(graph_size, n_tokens, n_seqs, n_outputs, own)
+            return own.copy(graph_size) if any(own is v[1] for v in _BUILDS.values()) else own
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer_all + 1)]
+
+
+# the builds setups share, by _build_key, with the memory their inputs read; each entry holds its HParams,
+# so the id stays its own
+_BUILDS: OrderedDict[tuple[object, ...], tuple[HParams, GraphResult, Memory]] = OrderedDict()
+BUILDS_KEPT = 8
+
+
+def _memory_map(old: Memory, new: Memory) -> dict[int, object] | None:
+    """Each cache (and recurrent state) of ``old`` -> ``new``'s in the same place; None if they differ."""
+    if len(old.caches) != len(new.caches) or (old.recurrent is None) != (new.recurrent is None):
+        return None
+    out: dict[int, object] = {id(a): b for a, b in zip(old.caches, new.caches)}
+    if old.recurrent is not None:
+        out[id(old.recurrent)] = new.recurrent
+    return out
+
+
+def _rebinder(mine: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
+    def rebind(t: Tensor) -> Tensor:
+        n = mine[t.name]
+        if n.type is not t.type or n.ne != t.ne:
+            raise KeyError(t.name)
+        return n
+    return rebind
 
 
 def pipeline_parallel(hp: HParams, cp: ContextParams, devs: DeviceSet) -> tuple[bool, dict[str, object]]:

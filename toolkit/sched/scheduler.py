@@ -223,6 +223,13 @@ class Scheduler:
         """inputs_capacity of every split slot used so far (slots persist across graphs)."""
         return tuple(c for c in self._inputs_capacities if c)
 
+    def split_state(self) -> tuple[object, ...]:
+        """What a split leaves behind for the next one, besides its assignment: the capacities that grow
+        across graphs (split slots and their inputs, graph inputs) and the warnings logged so far. A
+        graph split again after a split of the same graph that changed none of this changes none of it
+        either (the split is a function of the graph, the pins and this state)."""
+        return (self._inputs_capacities, self.splits_capacity, self.graph_inputs_capacity, len(self.warnings))
+
     @property
     def n_graph_inputs(self) -> int:
         return len(self.graph_inputs)

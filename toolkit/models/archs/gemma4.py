@@ -39,8 +39,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
-import numpy as np
-
 from toolkit.errors import GGUFError, UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
@@ -53,6 +51,8 @@ from toolkit.models.hparams import ROPE_FREQS_LAYER, SWAParams, WeightInfo
 from toolkit.models.inputs import GraphInput
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from toolkit.models.hparams import HParams
     from toolkit.models.memory import UBatch
 
@@ -64,6 +64,7 @@ class InputPerLayerTokens(GraphInput):
     tokens: Tensor
 
     def set_input(self, ub: UBatch) -> dict[Tensor, np.ndarray]:
+        import numpy as np
         return {self.tokens: ub.tokens.astype(np.int32)}
 
 
