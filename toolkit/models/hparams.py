@@ -34,13 +34,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import ToolkitError, UnsupportedFeature
 from toolkit.ggml.types import F16, F32, GGMLType
 from toolkit.models import moe as moe_ffn
 from toolkit.models.moe import MoEParams
 from toolkit.models.ssm import RecurrentParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # GGUF data alignment (general.alignment default): every tensor's data starts at a multiple of it
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -197,6 +200,7 @@ class RopeScaling:
     def _attn_factor_set(self) -> np.float32:
         """The factor before the cancelling ``1/(1 + 0.1 ln factor)``: ``get_mscale(factor, mscale) /
         get_mscale(factor, yarn_log_mul)`` with ``yarn_log_mul``, else ``get_mscale(factor, 1)``."""
+        import numpy as np  # where it runs: the planning path imports no numpy
         f = np.float32(self.factor)
 
         def mscale(m: float) -> np.float32:

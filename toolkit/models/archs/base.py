@@ -29,11 +29,9 @@ import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from toolkit.errors import GGUFError, ToolkitError, UnsupportedFeature
 from toolkit.ggml.tensor import Tensor
-from toolkit.ggml.types import F32
+from toolkit.ggml.types import F32, to_f32
 from toolkit.models import moe as moe_ffn
 from toolkit.models.graph import GraphBuilder, GraphResult
 from toolkit.models.hparams import (
@@ -307,7 +305,7 @@ def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, deepseek2: bool = Fa
     if kind is None or kind == "none":
         return {}
     log_mul = (f.get_float(f.arch_key("rope.scaling.yarn_log_multiplier"), 0.0) or 0.0) / log_mul_divisor
-    log_mul = float(np.float32(log_mul))
+    log_mul = to_f32(log_mul)
     return {"rope_scaling": RopeScaling(
         kind, f.get_float(f.arch_key("rope.scaling.factor"), 0.0) or 0.0,
         f.get_int(f.arch_key("rope.scaling.original_context_length"), 0) or 0, log_mul,

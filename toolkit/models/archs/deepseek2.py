@@ -41,8 +41,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
-import numpy as np
-
 from toolkit.errors import GGUFError, ToolkitError, UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.tensor import Tensor
@@ -83,6 +81,8 @@ def kq_scale(hp: HParams) -> float:
     >>> round(kq_scale(presets.get("tiny_deepseek2")), 6)
     0.18713
     """
+    import numpy as np  # where it runs: the planning path imports no numpy
+
     assert hp.mla is not None
     f32 = np.float32
     ys = hp.rope_scaling
