@@ -240,3 +240,52 @@ def test_weight_scales_in_a_graph_that_does_not_apply_them_are_refused(tmp_path:
     write_gguf(tmp_path / "g3.gguf", hp)
     with pytest.raises(UnsupportedFeature, match="blk.0.attn_q.weight has a .scale tensor"):
         read_gguf(tmp_path / "g3.gguf")
+
+
+# ---- a Q4_K_M-style mixed file --------------------------------------------------------------------
+
+def test_a_q4_k_m_style_file_plans_its_buffers_and_runs(tmp_path: Path, jax_cache: None) -> None:
+    """Q4_K matrices with Q6_K attn_v, ffn_down and output (the tensors llama-quantize's Q4_K_M raises) and F32
+    norms. Without mmap each buffer is its tensors' bytes, each padded to the CPU buffer's 32-byte alignment
+    (``ggml_backend_alloc_ctx_tensors_from_buft``); the Q4_K matrices with rows % 8 == 0 go to CPU_REPACK
+    (``ggml_repack_get_optimal_repack_type``: q4_K_8x8_q8_K on AVX2), the rest to CPU. The expected bytes are
+    summed from gguf-py's reading of the file (not the toolkit's), by that rule; no measured llama.cpp case
+    has such a file. The logits equal a float64 forward over gguf-py's dequantization."""
+    import dataclasses
+
+    from gguf import GGUFReader
+
+    from toolkit.cases import summary
+    from toolkit.context import Context
+    from toolkit.models import ContextParams
+
+    mixed = {"attn_v.weight": GGMLType.Q6_K, "ffn_down.weight": GGMLType.Q6_K, "output.weight": GGMLType.Q6_K}
+    hp = dataclasses.replace(tiny_of(GGMLType.Q4_K), tensor_types=mixed)
+    vals = {}
+    for t in (GGMLType.Q4_K, GGMLType.Q6_K):   # each type's blocks, scaled for that type
+        vals |= {n: v for n, v in quant_block_weights(dataclasses.replace(hp, dtype=t, tensor_types={})).items()
+                 if v.dtype != np.uint8 or (GGMLType.Q6_K if n.endswith(tuple(mixed)) else GGMLType.Q4_K) is t}
+    path = tmp_path / "q4_k_m.gguf"
+    write_gguf(path, hp, vals)
+    f = GGUFReader(str(path))
+    types = {t.name: t.tensor_type.name for t in f.tensors}
+    assert {types["blk.0.attn_v.weight"], types["output.weight"], types["blk.1.ffn_down.weight"]} == {"Q6_K"}
+    assert types["blk.0.attn_q.weight"] == types["token_embd.weight"] == "Q4_K"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    pad = lambda n: (n + 31) // 32 * 32  # noqa: E731
+    repack = sum(pad(int(t.n_bytes)) for t in f.tensors
+                 if t.tensor_type.name == "Q4_K" and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0
+                 and t.name != "token_embd.weight")   # GET_ROWS: not a repacked op
+    cpu = sum(pad(int(t.n_bytes)) for t in f.tensors) - repack
+    got = summary(Context(str(path), ContextParams(n_ctx=256, n_batch=256, n_ubatch=64, use_mmap=False)))
+    assert got["model_buffers_bytes"] == {"CPU": cpu, "CPU_REPACK": repack}
+    w = {}
+    for t in f.tensors:   # gguf-py's dequantization of what the file holds, in numpy order
+        shape = tuple(int(x) for x in reversed(t.shape))
+        w[t.name] = np.asarray(quants.dequantize(t.data, t.tensor_type), np.float64).reshape(shape) \
+            if t.tensor_type.name != "F32" else np.asarray(t.data, np.float64).reshape(shape)
+    out = make_runtime(str(path), devices=("sim",), ngl=2).decode(PROMPT)
+    want = llama_forward64(w, hp, PROMPT)
+    err = np.abs(out - want).max() / want.std()
+    print(f"Q4_K_M-style: max|diff|/std = {err:.2e}")
+    assert want.std() > 0.1 and err < 1e-4, err
