@@ -116,9 +116,6 @@ def common_hparams(f: GGUFFile, moe_tensors: tuple[str, ...] = (), moe_keys: tup
         # a split model: the shard of every tensor (the mmap'ed CPU buffers are one per file)
         **({"tensor_files": {n: t.file_index for n, t in f.tensors.items()}} if len(f.shards) > 1 else {}),
     }
-    scales = weight_scales(f)
-    if scales:
-        out["weight_scales"] = scales
     if "rope_freqs.weight" in f.tensors:
         import numpy as np
         out["rope_freqs"] = tuple(float(x) for x in np.asarray(f.tensor_data("rope_freqs.weight"), np.float32).ravel())
@@ -165,8 +162,8 @@ def hparams_from_gguf(source: str | Path | GGUFFile) -> HParams:
         raise UnsupportedFeature(e.feature, f"{f.path}: {e}") from None
     # load_arch_hparams runs after the common keys and may set what they left (gpt-oss's experts, n_ff)
     kw = {**common_hparams(f, arch.moe_tensors, arch.moe_keys), **arch.read_hparams(f), "arch": name}
-    if arch.scaled_mm:   # its experts' scales too (build_lora_mm_id); elsewhere they are extra tensors
-        kw["weight_scales"] = weight_scales(f, experts=True)
+    # the generic pass's scales; an architecture whose graph applies them has its experts' too (build_lora_mm_id)
+    kw["weight_scales"] = weight_scales(f, experts=arch.scaled_mm)
     if "n_ff" not in kw:
         raise GGUFError(f.path, "required key is missing", None, f.arch_key("feed_forward_length"))
     try:

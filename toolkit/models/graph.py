@@ -325,8 +325,6 @@ class GraphBuilder:
         self.cb(res, cur, "kqv_out", il)
         if wo is not None:
             cur = ops.mul_mat(wo, cur)
-            if wo_s is None and wo.name.endswith(".attn_output.weight"):   # the generic pass's wo_s
-                wo_s = self.model.tensors.get(wo.name.removesuffix(".weight") + ".scale")
             if wo_s is not None:
                 cur = ops.mul(cur, wo_s)
         if wo_b is not None:

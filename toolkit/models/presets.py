@@ -15,6 +15,7 @@ from toolkit.errors import ParameterError
 from toolkit.ggml.types import GGMLType
 from toolkit.models.hparams import HParams, MLAParams, RopeScaling, SWAParams
 from toolkit.models.moe import MoEParams
+from toolkit.models.ssm import RecurrentParams, interval_layers
 
 
 def llama3_rope_freqs(head_dim: int, base: float = 500000.0, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -301,8 +302,6 @@ def _qwen36(arch: str, dtype: str | GGMLType, name: str, *, n_layer: int, n_embd
     (``ssm.group_count`` 16, ``ssm.time_step_rank`` = V heads, ``ssm.inner_size`` = 128 per V head,
     ``ssm.state_size`` 128, ``ssm.conv_kernel`` 4), vocab 248320, 262144 context, rope_theta 1e7, rms_norm_eps
     1e-6, an untied output. No NextN/MTP block: a file with one plans with its own ``nextn_predict_layers``."""
-    from toolkit.models.ssm import RecurrentParams, interval_layers
-
     t = GGMLType.parse(dtype)
     rp = RecurrentParams(interval_layers(n_layer, 4), d_conv=4, d_inner=128 * n_v_heads, d_state=128,
                          dt_rank=n_v_heads, n_group=16)

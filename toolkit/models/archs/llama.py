@@ -56,7 +56,7 @@ class LlamaGraphBuilder(GraphBuilder):
             cb(res, k, "Kcur", il)
             cb(res, v, "Vcur", il)
             cur = self.build_attn(res, inp_attn, m.w(p + "attn_output.weight"), None, q, k, v, None, None, None,
-                                  kq_scale, il)
+                                  kq_scale, il, wo_s=m.tensors.get(p + "attn_output.scale"))
             cb(res, cur, "attn_out", il)
             if il == hp.n_layer - 1:
                 cur = ops.get_rows(cur, out_ids)

@@ -62,7 +62,7 @@ class Qwen3GraphBuilder(GraphBuilder):
             cb(res, k, "Kcur", il)
             cb(res, v, "Vcur", il)
             cur = self.build_attn(res, inp_attn, m.w(p + "attn_output.weight"), None, q, k, v, None, None, None,
-                                  kq_scale, il)
+                                  kq_scale, il, wo_s=m.tensors.get(p + "attn_output.scale"))
             if il == hp.n_layer - 1:
                 cur = ops.get_rows(cur, out_ids)
                 inpSA = ops.get_rows(inpSA, out_ids)
