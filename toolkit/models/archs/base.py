@@ -298,9 +298,10 @@ def read_nextn(f: GGUFFile) -> dict[str, Any]:
     return {"n_layer": n_all - n_nextn, "n_layer_nextn": n_nextn} if n_nextn else {}
 
 
-def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, deepseek2: bool = False) -> dict[str, Any]:
-    """``rope.scaling.*`` as YaRN (:class:`~toolkit.models.hparams.RopeScaling`); deepseek2 divides the log
-    multiplier by the converter's 0.1 and takes ``mscale = mscale_all_dims`` (``llama_context``)."""
+def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, mscale_is_log_mul: bool = False) -> dict[str, Any]:
+    """``rope.scaling.*`` as YaRN (:class:`~toolkit.models.hparams.RopeScaling`). deepseek2 divides the log
+    multiplier by the converter's 0.1 (``log_mul_divisor``) and takes ``mscale = mscale_all_dims``, the log
+    multiplier (``mscale_is_log_mul``; ``llama_context``)."""
     kind = f.get_str(f.arch_key("rope.scaling.type"))
     if kind is None or kind == "none":
         return {}
@@ -309,7 +310,7 @@ def read_yarn(f: GGUFFile, log_mul_divisor: float = 1.0, *, deepseek2: bool = Fa
     return {"rope_scaling": RopeScaling(
         kind, f.get_float(f.arch_key("rope.scaling.factor"), 0.0) or 0.0,
         f.get_int(f.arch_key("rope.scaling.original_context_length"), 0) or 0, log_mul,
-        log_mul if deepseek2 and log_mul else 1.0)}
+        log_mul if mscale_is_log_mul and log_mul else 1.0)}
 
 
 def yarn_keys(hp: HParams, log_mul_factor: float = 1.0) -> dict[str, Any]:

@@ -231,7 +231,7 @@ class DeepSeek2(Architecture):
         if f"blk.{lead}.ffn_gate_inp.weight" in f.tensors and f"blk.{lead}.exp_probs_b.bias" not in f.tensors:
             out["moe"] = dataclasses.replace(out["moe"], exp_probs_b=False)
         out["mla"] = MLAParams(0 if is_lite else (q_lora or 0), kv_lora, k_mla, v_mla)
-        out.update(read_yarn(f, YARN_LOG_MUL_CONVERTER_FACTOR, deepseek2=True))
+        out.update(read_yarn(f, YARN_LOG_MUL_CONVERTER_FACTOR, mscale_is_log_mul=True))
         return out
 
     def gguf_keys(self, hp: HParams) -> dict[str, Any]:
