@@ -2,11 +2,13 @@
 
 The context builds each graph shape once and hands out copies of it; the scheduler then
 rewrites a copy's sources and flags (pass 5, pipeline parallelism), which must not reach the
-kept build or the next copy.
+kept build or the next copy. A reserve borrows the kept build itself (``ContextSetup.lent_graph``),
+which the next lend or copy puts back as built.
 """
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from toolkit.ggml.graph import GraphFull
 from toolkit.ggml.tensor import BufferUsage, Tensor
 from toolkit.models import ContextParams, presets
 from toolkit.models.graph import GraphResult
+from toolkit.models.setup import apply_pins
 
 
 def _signature(lg: GraphResult) -> list[Any]:
@@ -143,3 +146,66 @@ def test_graph_copy_keeps_structure_and_shares_what_it_is_told() -> None:
     assert out.src[0] is not x                    # ... leaves the original alone
     with pytest.raises(GraphFull):
         g.copy(len(g.nodes) - 1, lambda t: False)
+
+
+def test_a_lent_build_is_put_back_before_it_is_lent_or_copied_again() -> None:
+    # llama_context::graph_reserve splits the kept build itself (ContextSetup.lent_graph); the next lend,
+    # copy or sized build of that shape must see the graph as built, not the split's redirected sources
+    ctx = Context(presets.tiny(), ContextParams(devices=("sim", "sim"), n_ctx=1024, n_gpu_layers=99), parallel=True)
+    assert ctx.n_copies > 1
+    st, size = ctx.setup, ctx.max_nodes()
+    fresh = _signature(st.builder(size).build(512, 1, 512))
+    lent = st.lent_graph(size, 512, 1, 512)
+    assert _signature(lent) == fresh
+    ctx.scheduler.split_graph(lent.graph)
+    assert _signature(lent) != fresh   # the split wrote into the kept build
+    assert _signature(st.build_graph(size, 512, 1, 512)) == fresh   # a copy of it as built
+    assert _signature(lent) == fresh   # and the kept build is back as built
+    ctx.scheduler.reset()
+    ctx.scheduler.split_graph(st.lent_graph(size + 3, 512, 1, 512).graph)
+    again = st.lent_graph(size + 3, 512, 1, 512)
+    assert again is lent and _signature(again)[1:] == fresh[1:] and again.graph.size == size + 3
+    ctx.scheduler.reset()
+    ctx.scheduler.split_graph(again.graph)
+    assert _signature(st.sized_graph(size, 512, 1, 512))[1:] == fresh[1:]
+
+
+def test_reserves_of_lent_builds_plan_what_reserves_of_fresh_builds_plan() -> None:
+    # the same sched_reserve four times (the scheduler reused) over lent builds, against a scheduler that
+    # splits and plans fresh builds of the same shapes: the same splits, copies and buffer sizes
+    kw: dict[str, Any] = dict(devices=("sim", "sim"), n_ctx=1024, n_gpu_layers=99)
+    ctx = Context(presets.tiny(), ContextParams(**kw), parallel=True)
+    for _ in range(3):
+        ctx.sched_reserve()
+    ref = Context(presets.tiny(), ContextParams(**kw), parallel=True)
+    st, s = ref.setup, ref.scheduler
+    rp = st.resolved
+    n_tokens = min(rp.n_ctx, rp.n_ubatch)
+    for shape in [(n_tokens, 1, n_tokens), (1, 1, 1), (n_tokens, 1, n_tokens)]:
+        s.reset()
+        lg = st.builder(ref.max_nodes()).build(*shape)
+        apply_pins(s, lg, st)
+        assert s.reserve(lg.graph)
+    a, b = ctx.events[-1], ref.scheduler.plan()
+    assert a.plan == b
+    assert [ctx.scheduler.buffer_size(i) for i in range(ctx.scheduler.n_backends)] == \
+        [s.buffer_size(i) for i in range(s.n_backends)]
+
+
+def test_a_dropped_copy_leaves_no_cycle_for_the_collector() -> None:
+    # Graph.copy's memo must not be a self-referencing closure: a cycle would keep every copied tensor
+    # alive until the cyclic collector ran, and make each of its passes rescan whole graphs
+    ctx = Context(presets.get("qwen3_30b_a3b"), ContextParams(n_ctx=2048))
+    st, size = ctx.setup, ctx.max_nodes()
+    st.build_graph(size, 512, 1, 512)   # the kept build
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        lg = st.build_graph(size, 512, 1, 512)
+        assert lg.graph.n_nodes > 1000
+        del lg
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()

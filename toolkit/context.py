@@ -263,6 +263,9 @@ class Context:
         self.scheduler.reset()
         lg = self.setup.build_graph(graph_size or self.max_nodes(), n_tokens, n_seqs,
                                     n_tokens if n_outputs is None else n_outputs, streams)
+        return self._pinned(lg)
+
+    def _pinned(self, lg: GraphResult) -> GraphResult:
         apply_pins(self.scheduler, lg, self.setup)
         self.last_graph = lg
         return lg
@@ -279,7 +282,9 @@ class Context:
         ``sizes`` (no_alloc): ``ggml_backend_sched_reserve_size``, which resets the scheduler before
         splitting and so drops the backends the graph callback pinned while the graph was built."""
         n_tokens, n_outputs = reserve_shape(n_tokens, n_seqs, n_outputs)
-        lg = self.build_llama_graph(n_tokens, n_seqs, n_outputs)
+        # the graph is split once and dropped: the setup lends its kept build instead of copying it
+        self.scheduler.reset()
+        lg = self._pinned(self.setup.lent_graph(self.max_nodes(), n_tokens, n_seqs, n_outputs))
         if sizes:
             self.scheduler.reserve_size(lg.graph)
             return lg

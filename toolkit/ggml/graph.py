@@ -111,21 +111,10 @@ class Graph:
         if self.n_nodes > size or self.n_leafs > size:
             raise GraphFull(f"graph capacity {size} is smaller than the graph's {self.n_nodes} nodes "
                             f"and {self.n_leafs} leafs")
-        memo: dict[int, Tensor] = {}
-
-        def get(t: Tensor) -> Tensor:
-            c = memo.get(id(t))
-            if c is not None:
-                return c
-            if shared(t):
-                c = t if rebind is None else rebind(t)
-                memo[id(t)] = c
-                return c
-            # a tensor reached through a source or view base but not in the graph (or not yet)
-            vs = t.view_src
-            c = t.duplicate([None if s is None else get(s) for s in t.src], None if vs is None else get(vs))
-            memo[id(t)] = c
-            return c
+        # a bound method, not a closure that calls itself: such a closure is a reference cycle that would
+        # keep every copied tensor alive until the cyclic collector ran (see toolkit.ggml.bulk)
+        copier = _Copier(shared, rebind)
+        memo, get = copier.memo, copier.get
 
         g = Graph(size)
         g.leafs = [get(t) for t in self.leafs]
@@ -174,3 +163,29 @@ def build_graph(outputs: Iterable[Tensor], size: int = GGML_DEFAULT_GRAPH_SIZE) 
     for t in outputs:
         g.build_forward_expand(t)
     return g
+
+
+class _Copier:
+    """:meth:`Graph.copy`'s memo: each old tensor's copy, made once (``shared`` ones kept or rebound)."""
+
+    __slots__ = ("memo", "shared", "rebind")
+
+    def __init__(self, shared: Callable[[Tensor], bool], rebind: Callable[[Tensor], Tensor] | None) -> None:
+        self.memo: dict[int, Tensor] = {}
+        self.shared, self.rebind = shared, rebind
+
+    def get(self, t: Tensor) -> Tensor:
+        memo = self.memo
+        c = memo.get(id(t))
+        if c is not None:
+            return c
+        if self.shared(t):
+            c = t if self.rebind is None else self.rebind(t)
+            memo[id(t)] = c
+            return c
+        # a tensor reached through a source or view base but not in the graph (or not yet)
+        vs = t.view_src
+        get = self.get
+        c = t.duplicate([None if s is None else get(s) for s in t.src], None if vs is None else get(vs))
+        memo[id(t)] = c
+        return c

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from toolkit.errors import UnsupportedFeature
 from toolkit.ggml import ops
 from toolkit.ggml.graph import Graph
-from toolkit.ggml.tensor import Tensor
+from toolkit.ggml.tensor import Tensor, TensorFlag
 from toolkit.ggml.types import F16, F32, I32
 from toolkit.models.inputs import GraphInput, InputAttnK, InputAttnKV, InputAttnKVISWA, InputEmbd, InputOutIds, InputPos
 from toolkit.models.loader import LoadedModel
@@ -66,12 +66,43 @@ class GraphResult:
     # llm_graph_result::t_h_nextn: the last layer's output before the output rows are picked (gpt-oss
     # and the MTP architectures set it); set_outputs makes it a graph output, so it is never freed
     h_nextn: Tensor | None = None
+    # set by the first lend(): every node's sources and every graph input's flags as built
+    _as_built: tuple[list[list[Tensor | None]], list[tuple[Tensor, TensorFlag]]] | None = field(
+        default=None, repr=False, compare=False)
+
+    def lend(self, graph_size: int) -> GraphResult:
+        """This graph itself, as built and with capacity ``graph_size``, for one caller that splits it in
+        place (``ggml_backend_sched_split_graph`` points sources at the split inputs' copies and flags the
+        graph inputs it replicates) and is done with it before the next :meth:`lend`, :meth:`copy` or
+        :meth:`restore`, each of which first puts back what the split changed. A graph that is never lent
+        keeps no record of itself."""
+        if self._as_built is None:
+            g = self.graph
+            self._as_built = ([t.src.copy() for t in g.nodes],
+                              [(t, t.flags) for t in (*g.leafs, *g.nodes) if t.flags & TensorFlag.INPUT])
+        else:
+            self.restore()
+        self.graph.size = graph_size
+        return self
+
+    def restore(self) -> None:
+        """Put back the sources and flags a split in place changed since the last :meth:`lend`."""
+        kept = self._as_built
+        if kept is None:
+            return
+        for t, src in zip(self.graph.nodes, kept[0]):
+            if t.src != src:
+                t.src = src.copy()
+        for t, f in kept[1]:
+            t.flags = f
 
     def copy(self, graph_size: int, rebind: Callable[[Tensor], Tensor] | None = None,
              memory: Mapping[int, object] | None = None) -> GraphResult:
         """The same graph over new tensors (the weights and the KV cache shared, or each replaced by
         ``rebind(t)`` and the inputs' caches by ``memory``, see :meth:`GraphInput.copy`), with capacity
-        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`)."""
+        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`); a lent
+        graph is restored first."""
+        self.restore()
         g, cp = self.graph.copy(graph_size, _allocated, rebind)
         return GraphResult(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,

@@ -117,6 +117,13 @@ class ContextSetup:
         with paused_gc():   # thousands of new objects that all stay alive: see toolkit.ggml.bulk
             return self._first_build(graph_size, n_tokens, n_seqs, n_outputs, streams).copy(graph_size)
 
+    def lent_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult:
+        """The kept build of this shape itself (:meth:`GraphResult.lend`), not a copy, for
+        ``llama_context::graph_reserve``: the scheduler splits it in place and nothing reads it after the
+        next build of this shape, which restores it first (every copy of a kept build does)."""
+        with paused_gc():
+            return self._first_build(graph_size, n_tokens, n_seqs, n_outputs).lend(graph_size)
+
     def graph_counts(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> tuple[int, int]:
         """(n_nodes, n_leafs) of :meth:`build_graph`'s graph, without copying it; GraphFull as there."""
         t = _BUILDS.get(self._build_key(graph_size, n_tokens, n_seqs, n_outputs))
@@ -183,7 +190,10 @@ class ContextSetup:
                     return shared
                 own = self.builder(graph_size).build(n_tokens, n_seqs, n_outputs, None)
                 self._keep_build(graph_size, n_tokens, n_seqs, n_outputs, own)
-            return own.copy(graph_size) if any(own is v[1] for v in _BUILDS.values()) else own
+            if any(own is v[1] for v in _BUILDS.values()):
+                return own.copy(graph_size)
+            own.restore()   # it may have been lent to a reserve
+            return own
 
     def layer_devices(self) -> list[tuple[int, str]]:
         return [(il, self.model.layer_device_name(il)) for il in range(self.hparams.n_layer_all + 1)]
