@@ -15,6 +15,7 @@ import pytest
 
 from toolkit.backend import Buffer, profiles
 from toolkit.context import Context
+from toolkit.errors import ToolkitError
 from toolkit.ggml import F32, Graph, ops
 from toolkit.ggml.graph import GraphFull
 from toolkit.ggml.tensor import BufferUsage, Tensor
@@ -206,6 +207,25 @@ def test_a_dropped_copy_leaves_no_cycle_for_the_collector() -> None:
         assert lg.graph.n_nodes > 1000
         del lg
         assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_a_dropped_context_leaves_no_cycle_for_the_collector() -> None:
+    # memory fitting makes a context per probe and drops it: context, scheduler holder and setup must be
+    # freed by reference counting (the holder reads the context's backends through a weak reference)
+    Context(presets.tiny(), ContextParams(n_ctx=256))   # first use: caches and lazy imports
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ctx = Context(presets.tiny(), ContextParams(n_ctx=256))
+        holder = ctx.holder
+        del ctx
+        assert gc.collect() == 0
+        with pytest.raises(ToolkitError, match="no longer exists"):
+            holder.backends()
     finally:
         if was:
             gc.enable()

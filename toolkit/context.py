@@ -21,16 +21,17 @@ when its params can serve the new ones (``sched_params::can_reuse``), which ever
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from toolkit import validate
 from toolkit.backend import Backend
 from toolkit.backend.host import check_host_bytes
-from toolkit.errors import AllocationError, ParameterError
+from toolkit.errors import AllocationError, ParameterError, ToolkitError
 from toolkit.ggml.bulk import with_paused_gc
 from toolkit.ggml.graph import Graph, GraphFull
-from toolkit.models import ContextParams, HParams, presets
+from toolkit.models import ContextParams, HParams
 from toolkit.models.cparams import DEFAULT_N_GPU_LAYERS, N_CTX_PAD
 from toolkit.models.devices import describe_picker
 from toolkit.models.graph import GraphResult
@@ -109,10 +110,30 @@ def _hparams(model: Any) -> HParams:
             # lazy: the GGUF reader imports the gguf package (reads metadata only)
             from toolkit.models.gguf import hparams_from_gguf
             return hparams_from_gguf(model)
+        from toolkit.models import presets
         return presets.get(model)
     if isinstance(model, dict):
         return HParams.from_dict(model)
     raise ParameterError("model", model, "HParams, a preset name, a .gguf path or a model dict")
+
+
+
+class _CurrentBackends:
+    """A context's backends as they are now (its setup may change), for its SchedulerHolder. It holds the
+    context weakly: a closure over the context would make context and holder a reference cycle, which
+    only CPython's cyclic collector frees (each of memory fitting's probe contexts, with its model and
+    graphs, would stay alive until a collection)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = weakref.ref(ctx)
+
+    def __call__(self) -> list[Backend]:
+        ctx = self._ctx()
+        if ctx is None:
+            raise ToolkitError("the context of this scheduler holder no longer exists")
+        return ctx.backends
 
 
 class Context:
@@ -143,7 +164,7 @@ class Context:
         self.parallel_override = None if parallel is None else validate.boolean("parallel", parallel)
         self.setup: ContextSetup = setup(self.hparams, self.cparams, self.backends_arg)
         self.pipeline_parallel = self.setup.pipeline_parallel if parallel is None else bool(parallel)
-        self.holder = SchedulerHolder(lambda: self.backends, planner, host_memory=self.host_memory)
+        self.holder = SchedulerHolder(_CurrentBackends(self), planner, host_memory=self.host_memory)
         self.fa_resolved = self.cparams.flash_attn != "auto"
         self.last_graph: GraphResult | None = None  # the GraphResult of the last build_graph (inputs, logits, pins)
         if reserve:   # reserve=False: the caller runs reserve_size (memory fitting's probes) instead

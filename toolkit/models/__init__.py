@@ -8,8 +8,19 @@
 
 from __future__ import annotations
 
-from toolkit.models import presets
+from typing import Any
+
 from toolkit.models.cparams import ContextParams, ResolvedParams
 from toolkit.models.hparams import HParams, SWAParams, WeightInfo
+
+
+def __getattr__(name: str) -> Any:
+    # the presets module is imported when first used: planning a GGUF file (``toolkit fit -m FILE``)
+    # never reads it
+    if name == "presets":
+        import importlib
+        return importlib.import_module("toolkit.models.presets")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ContextParams", "HParams", "ResolvedParams", "SWAParams", "WeightInfo", "presets"]
