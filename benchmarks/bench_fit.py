@@ -19,6 +19,9 @@ these inputs; its target is the same 0.875 s.
 ``--llama-fit-params BIN FILE`` runs both programs side by side on one file, alternating, against the
 RPC server at ``--rpc`` (llama.cpp asks the server for its memory; the toolkit is told
 ``--device-memory``), checks that they print the same line and prints the ratio of the median walls.
+llama.cpp's ``ggml-rpc-server`` answers with its own device's memory (``ggml_backend_dev_memory``); on a
+machine without a 24 GiB device, use a build of it whose answer to the memory request is 24 GiB free
+and total (the README's side-by-side figures were measured that way, llama.cpp at 3f545be).
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def test_node_count_rule(model: str, fa: bool, per_layer: int) -> None:
     for n_ctx, ub in ((256, 128), (4096, 512)):
         cp = ContextParams(n_ctx=n_ctx, n_ubatch=ub, flash_attn="on" if fa else "off", n_gpu_layers=0)
         rp = cp.resolve(hp.n_ctx_train)
-        m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
+        m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp),
+                       tied_output_first=archs.get(hp.arch).tied_output_first)
         kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
         b = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=2048, rope_type=ROPE_TYPE_NORM)
         g = b.build(rp.n_ubatch, 1, rp.n_ubatch)
@@ -94,7 +95,8 @@ def test_streams_add_cache_reshapes() -> None:
             cp = ContextParams(n_ctx=4096, n_ubatch=512, n_seq_max=4, kv_unified=unified,
                                flash_attn="on" if fa else "off", n_gpu_layers=0)
             rp = cp.resolve(hp.n_ctx_train)
-            m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
+            m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp),
+                           tied_output_first=archs.get(hp.arch).tied_output_first)
             kv = make_kv_cache(m, rp, offload_kqv=True, flash_attn=fa)
             g = LlamaGraphBuilder(m, Memory([kv]), flash_attn=fa, graph_size=1024,
                                   rope_type=ROPE_TYPE_NORM).build(512, 4, 512)

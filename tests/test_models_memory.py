@@ -204,7 +204,8 @@ def test_create_memory_single_cache_and_kinds() -> None:
     hp = presets.tiny()
     cp = ContextParams(n_ctx=256, n_ubatch=32)
     rp = cp.resolve(hp.n_ctx_train)
-    m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp))
+    m = load_model(hp, cp, make_devices(()), archs.get(hp.arch).weights(hp),
+                   tied_output_first=archs.get(hp.arch).tied_output_first)
     mem = create_memory(m, rp, offload_kqv=True, flash_attn=True, swa_full=False, unified=False)
     assert mem.kind == "kv" and len(mem.caches) == 1 and mem.caches[0].has_v and not mem.caches[0].v_trans
     # tiny: 2 layers, K and V f16 of [32, 256]: 16 KiB each

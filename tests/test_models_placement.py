@@ -14,7 +14,8 @@ from toolkit.models.loader import LoadedModel, layer_devices, load_model, repack
 
 def _load(hp: HParams, cp: ContextParams, devs: DeviceSet) -> LoadedModel:
     """load_model over the architecture's weights (what setup passes it)."""
-    return load_model(hp, cp, devs, archs.get(hp.arch).weights(hp))
+    return load_model(hp, cp, devs, archs.get(hp.arch).weights(hp),
+                      tied_output_first=archs.get(hp.arch).tied_output_first)
 
 
 def _small_q4_0() -> HParams:

@@ -159,16 +159,18 @@ def creation_order(infos: Sequence[WeightInfo]) -> list[WeightInfo]:
 
 
 def load_model(hp: HParams, cp: ContextParams, devs: DeviceSet, infos: Sequence[WeightInfo], *,
-               tied_output_first: bool = False) -> LoadedModel:
+               tied_output_first: bool) -> LoadedModel:
     """Place every weight (llama_model::load_tensors) and size the model buffers; ``infos`` are the file's
     tensors in file order (the architecture's :meth:`~toolkit.models.archs.Architecture.weights`).
 
     Two tensors are ``TENSOR_DUPLICATED`` there, and ``create_tensor`` reuses a duplicate only
     inside the same buffer type: the tied output (``token_embd`` again, in the output layer's
     buffer type) and ``rope_freqs.weight`` (once per buffer type of the repeating layers).
-    Each copy counts in ``n_tensors``. ``tied_output_first``: the architecture creates the tied output
-    before ``token_embd`` (gemma4's ``load_arch_tensors``), so the duplicate finds no tensor to reuse and
-    is its own tensor even in the same buffer type.
+    Each copy counts in ``n_tensors``. ``tied_output_first`` (the architecture's
+    :attr:`~toolkit.models.archs.Architecture.tied_output_first`; no default, so that no caller forgets
+    it): the architecture creates the tied output before ``token_embd`` (gemma4's
+    ``load_arch_tensors``), so the duplicate finds no tensor to reuse and is its own tensor even in the
+    same buffer type.
     """
     model = LoadedModel(hp, devs, layer_devices(hp, cp, devs))
     n_layer = hp.n_layer_all   # the output layer's index
