@@ -289,3 +289,22 @@ def test_a_setup_of_the_same_model_copies_the_earlier_builds(cid: str, monkeypat
     assert lg.input(InputAttnKV).cache is got.setup.memory.caches[0]
     weights = [t for t in lg.graph.leafs if t.buffer is not None and t.name in got.setup.model.tensors]
     assert weights and all(t is got.setup.model.tensors[t.name] for t in weights)
+
+
+def test_an_event_shares_the_plan_of_a_recent_event_it_equals() -> None:
+    # max_nodes back and forth: the scheduler is reused and plans the same graph, so the events keep one
+    # plan between them; a change that moves nodes gets a plan of its own, equal to a fresh context's
+    kw = dict(devices=("sim", "sim"), n_ctx=1024, n_gpu_layers=99)
+    ctx = Context(presets.tiny(), ContextParams(**kw))
+    held = ctx.scheduler.max_nodes
+    for m in (held - 1, held - 2, held - 1, held - 2):
+        ctx.update(max_nodes=m)
+    plans = [e.plan for e in ctx.events]
+    assert all(p is plans[0] for p in plans)
+    ctx.update(n_gpu_layers=1)
+    moved = ctx.events[-1].plan
+    assert moved is not plans[0] and moved != plans[0]
+    assert moved == Context(presets.tiny(), ContextParams(**{**kw, "n_gpu_layers": 1}),
+                            max_nodes=held - 2).events[-1].plan
+    ctx.update(n_gpu_layers=99)   # back: the plan of an event among the latest ones
+    assert ctx.events[-1].plan is plans[0]

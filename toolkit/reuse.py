@@ -78,6 +78,8 @@ MODEL_GROUP = "model"        # the weights (``llama_model::memory_breakdown``)
 OUTPUT_GROUP = "output"      # the logits/embeddings output buffer
 COMPUTE_GROUP = "compute"    # the scheduler's compute buffers (``ggml_backend_sched_get_buffer_size``)
 NOT_CONTEXT_GROUPS = (MODEL_GROUP, OUTPUT_GROUP, COMPUTE_GROUP)
+# how many of the latest events a new event's plan is compared with (SchedulerHolder.record)
+PLANS_COMPARED = 4
 
 
 @dataclass(frozen=True)
@@ -445,13 +447,29 @@ class SchedulerHolder:
             saved_host_metadata_bytes=saved, hash_size=s.hash_size, split_capacities=s.split_capacities,
             buffers=buffers, graphs={label: g for label, (g, _) in r.graphs.items()}, last_graph=r.last_graph,
             memory={**{k: dict(v) for k, v in memory.items()}, COMPUTE_GROUP: self.compute_buffers_bytes()},
-            n_copies=s.n_copies, warnings=tuple(r.warnings), plan=s.plan(),
+            n_copies=s.n_copies, warnings=tuple(r.warnings), plan=self._shared_plan(s.plan()),
             kept_buffers=r.kept if r.reused else {}, kept_hash_size=r.kept_hash if r.reused else 0,
             kept_split_capacities=tuple(c for c in r.kept_caps if c > 30) if r.reused else (),
             n_backends=s.n_backends, **fields,
         )
         self.events.append(ev)
         return ev
+
+    def _shared_plan(self, plan: Plan) -> Plan:
+        """The plan of one of the latest events when ``plan`` equals it (the same object then), else ``plan``.
+        Each plan holds a placement per node and an allocation per tensor, and the events keep them all;
+        a session that changes a setting back and forth (``max_nodes``, a flag toggled) then keeps one plan
+        per configuration instead of one per event, and the cyclic collector has that much less to scan."""
+        seen: set[int] = set()
+        for ev in reversed(self.events[-PLANS_COMPARED:]):
+            p = ev.plan
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            # the buffer sizes first: a different configuration usually differs there, cheaply
+            if p.buffers == plan.buffers and p == plan:
+                return p
+        return plan
 
     def record_error(self, trigger: str, error: Exception) -> None:
         cur = self.params_cur or SchedParams(0, False, False)
