@@ -1,6 +1,6 @@
 """Time from a dashboard control change to updated figures, for a reuse and for a rebuild.
 
-    python3 benchmarks/bench_dashboard.py [--model llama3_8b] [--devices cpu] [--repeats 5]
+    python3 benchmarks/bench_dashboard.py [--model llama3_8b] [--devices cpu] [--repeats 5] [--session 240]
 
 Planning only (no JAX): the dashboard runs headless with no coalescing delay, so one control
 change is one synchronous path: observer -> ctx.update (sched_reserve) -> four FigureWidgets
@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--devices", default="cpu", help="cpu, rpc:N, sim:N")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", metavar="HTML", help="also write a pyinstrument flame graph of the measured changes")
+    ap.add_argument("--session", type=int, default=0, metavar="N",
+                    help="then N more max_nodes changes: does a long session stay as fast and as small?")
     args = ap.parse_args()
     profiler = None
     if args.profile:
@@ -96,6 +98,30 @@ def main() -> None:
         profiler.stop()
         Path(args.profile).write_text(profiler.output_html())
         print(f"flame graph: {args.profile}")
+    if args.session:
+        session(dash, held, args.session)
+
+
+def session(dash: Dashboard, held: int, n: int) -> None:
+    """``n`` reuse changes in a row: the first and last tenth's median, the slowest change (a full pass of
+    the cyclic collector), and what the process kept (RSS, objects the collector tracks).
+    Target: the last tenth within 10% of the first, and no growth per change."""
+    import gc
+    import resource
+
+    def rss_mb() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    k = max(1, n // 10)
+    obj0, rss0, ms = len(gc.get_objects()), rss_mb(), []
+    for i in range(n):
+        t0 = time.perf_counter()
+        dash.controls["max_nodes"].value = str(held - 1 - (i % 2))
+        ms.append((time.perf_counter() - t0) * 1e3)
+    first, last = statistics.median(ms[:k]), statistics.median(ms[-k:])
+    print(f"session of {n} changes: first {k} {first:.0f} ms, last {k} {last:.0f} ms (target <= {1.1 * first:.0f}), "
+          f"slowest {max(ms):.0f} ms; peak RSS +{rss_mb() - rss0:.0f} MB, tracked objects "
+          f"{(len(gc.get_objects()) - obj0) / n:+.0f} per change")
 
 
 if __name__ == "__main__":

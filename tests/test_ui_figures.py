@@ -148,6 +148,23 @@ def test_timeline_one_marker_per_event_coloured_by_decision() -> None:
     assert text.timeline_text(evs).splitlines()[3].startswith("#2   REUSED")
 
 
+def test_a_live_view_draws_the_latest_events_only() -> None:
+    # the dashboard passes last=HISTORY_SHOWN, so a long session does not slow every change
+    evs = sample_events()
+    fig = figures.timeline(evs, last=2)
+    shown = sorted(x for t in fig.data if t.mode.startswith("markers") for x in t.x)
+    assert shown == [evs[-2].index, evs[-1].index]
+    assert fig.layout.title.text == f"reserve events (the latest 2 of {len(evs)})"
+    assert figures.timeline(evs, last=len(evs)).layout.title.text == "reserve events"
+    full, latest = figures.buffer_sizes(evs), figures.buffer_sizes(evs, last=1)
+    hist = [t for t in full.data if t.xaxis == "x2"]
+    assert hist and all(len(t.x) > 1 for t in hist)
+    newest = [e for e in evs if e.buffers][-1]   # an error event has no buffers
+    assert all(list(t.x) == [newest.index] for t in latest.data if t.xaxis == "x2")
+    assert [t.to_plotly_json() for t in full.data if t.xaxis == "x"] == \
+        [t.to_plotly_json() for t in latest.data if t.xaxis == "x"]   # the newest reserve's bars unchanged
+
+
 def test_buffer_sizes_newest_and_history() -> None:
     evs = sample_events()
     fig = figures.buffer_sizes(evs)

@@ -99,9 +99,16 @@ def _event_hover(ev: ReserveEvent, compiles: Sequence[CompileEvent] = ()) -> str
     return "<br>".join(rows)
 
 
-def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = ()) -> go.Figure:
-    """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details."""
-    layout = base_layout("reserve events", height=260)
+def timeline(events: Sequence[ReserveEvent], compiles: Sequence[CompileEvent] = (), last: int | None = None
+             ) -> go.Figure:
+    """Each reserve a marker (colour and symbol by decision) at its wall time; hover has the details.
+    ``last``: only the latest that many (a live view, whose drawing time would otherwise grow with
+    the session); the title says how many there are."""
+    title = "reserve events"
+    if last is not None and len(events) > last:
+        title = f"reserve events (the latest {last} of {len(events)})"
+        events = events[-last:]
+    layout = base_layout(title, height=260)
     traces: list[dict[str, Any]] = []
     for decision in ("rebuilt", "reused", "fallback", "error"):
         evs = [e for e in events if e.decision == decision]
@@ -133,7 +140,8 @@ def _buft_order(ev: ReserveEvent) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] = ()) -> go.Figure:
+def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] = (), last: int | None = None
+                 ) -> go.Figure:
     """Left: the newest reserve's buffers per buffer type (compute allocated, needed by each graph
     the reserve planned, one trace per graph label, then one trace per memory group: model, KV,
     KV-SWA, ..., output; and the scheduler host metadata). Right: compute allocated (solid) and needed (dotted) per
@@ -143,7 +151,9 @@ def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] 
     ``logged``: the buffer sizes a llama.cpp start-up log printed (``toolkit.explain``), drawn as
     reference marks named :data:`LOGGED`: a dash per buffer at the logged bytes (left) and a dashed
     line per compute buffer across the reserves (right). They are plain data handed in, the same
-    whatever the events show, so a changed control reads against the logged run."""
+    whatever the events show, so a changed control reads against the logged run.
+
+    ``last``: the history (right) shows only the latest that many reserves, as :func:`timeline`."""
     # built as plain dicts and validated once: make_subplots and update_* calls each re-validate the
     # figure, which took most of this figure's drawing time on an 8B graph
     layout = base_layout("buffer sizes", height=340, barmode="group")
@@ -191,9 +201,10 @@ def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] 
     bars("sched host metadata", {"sched (host)": text.held_host_metadata(upto)})
 
     # history: one colour per buffer type, allocated solid, needed dotted
+    history = good[-last:] if last is not None else good
     for i, buft in enumerate(c for c in cats if c in alloc):
         xs, ya, yn, hv = [], [], [], []
-        for e in good:
+        for e in history:
             bs = [b for b in e.buffers if b.buft == buft]
             if not bs:
                 continue

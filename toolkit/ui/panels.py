@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 STYLE = {"description_width": "initial"}
 FIGURES = ("timeline", "buffers", "split_map", "memory_layout")
+# the reserves the live timeline and buffer history show (the latest ones): drawing them costs time per
+# reserve shown, so a long session would slow every change; a shared report shows them all
+HISTORY_SHOWN = 100
 
 
 class FigurePanel:
@@ -70,8 +73,9 @@ class FigurePanel:
         plan = next((e.plan for e in reversed(events) if e.plan is not None), None)
         collapse: Collapse = self.collapse.value
         w = self.width
-        replace_figure(self.figures["timeline"], figures.timeline(list(events), list(compile_events)), w)
-        replace_figure(self.figures["buffers"], figures.buffer_sizes(list(events), self.logged), w)
+        replace_figure(self.figures["timeline"], figures.timeline(list(events), list(compile_events),
+                                                                 last=HISTORY_SHOWN), w)
+        replace_figure(self.figures["buffers"], figures.buffer_sizes(list(events), self.logged, last=HISTORY_SHOWN), w)
         self.plan = plan
         # the same placements and allocations draw the same split map and layout (a reuse that only
         # moved max_nodes, a CPU-only op offload toggle): compare the plans (frozen data, < 1 ms on
