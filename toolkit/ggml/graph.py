@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from toolkit.errors import ToolkitError
 from toolkit.ggml.tensor import Op, Tensor, TensorFlag
@@ -97,13 +97,14 @@ class Graph:
                 t.name = f"node_{len(self.nodes)}"
             self.nodes.append(t)
 
-    def copy(self, size: int, shared: Callable[[Tensor], bool], rebind: Callable[[Tensor], Tensor] | None = None
-             ) -> tuple[Graph, Callable[[Tensor], Tensor]]:
+    def copy(self, size: int, shared: Callable[[Tensor], bool], rebind: Callable[[Tensor], Tensor] | None = None,
+             srcs: Sequence[Sequence[Tensor | None]] | None = None) -> tuple[Graph, Callable[[Tensor], Tensor]]:
         """A graph of new tensors with the same fields and the same structure, holding up to ``size``
         nodes and leafs; tensors for which ``shared(t)`` is true (allocated ones: weights, the KV
         cache) are not copied, but kept (or replaced by ``rebind(t)``: another model's tensor of the
         same name). Returns the graph and a function from an old tensor to its copy (which
-        copies, once, a tensor outside the graph too).
+        copies, once, a tensor outside the graph too). ``srcs``: each node's sources to copy instead of
+        its current ones (a graph that a split has rewritten, copied as it was built).
 
         Building the same graph again gives the same result; a copy is cheaper, and the scheduler may
         redirect the copy's sources without touching this graph.
@@ -121,14 +122,15 @@ class Graph:
         # nodes come after their sources: the sources are found in memo (get's own lookup, inlined)
         mget = memo.get
         nodes = g.nodes
-        for t in self.nodes:
+        for k, t in enumerate(self.nodes):
             c = mget(id(t))
             if c is None:
                 if shared(t):
                     c = t if rebind is None else rebind(t)
                 else:
                     vs = t.view_src
-                    c = t.duplicate([None if s is None else mget(id(s)) or get(s) for s in t.src],
+                    c = t.duplicate([None if s is None else mget(id(s)) or get(s)
+                                     for s in (t.src if srcs is None else srcs[k])],
                                     None if vs is None else mget(id(vs)) or get(vs))
                 memo[id(t)] = c
             nodes.append(c)

@@ -73,9 +73,10 @@ class GraphResult:
     def lend(self, graph_size: int) -> GraphResult:
         """This graph itself, as built and with capacity ``graph_size``, for one caller that splits it in
         place (``ggml_backend_sched_split_graph`` points sources at the split inputs' copies and flags the
-        graph inputs it replicates) and is done with it before the next :meth:`lend`, :meth:`copy` or
-        :meth:`restore`, each of which first puts back what the split changed. A graph that is never lent
-        keeps no record of itself."""
+        graph inputs it replicates). The split graph stays as the split left it, so the scheduler's last
+        assignment (its plan, its debug dump) keeps reading it, until the next :meth:`lend` or
+        :meth:`restore` puts back what the split changed; :meth:`copy` copies the graph as built and
+        leaves it alone. A graph that is never lent keeps no record of itself."""
         if self._as_built is None:
             g = self.graph
             self._as_built = ([t.src.copy() for t in g.nodes],
@@ -100,10 +101,14 @@ class GraphResult:
              memory: Mapping[int, object] | None = None) -> GraphResult:
         """The same graph over new tensors (the weights and the KV cache shared, or each replaced by
         ``rebind(t)`` and the inputs' caches by ``memory``, see :meth:`GraphInput.copy`), with capacity
-        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`); a lent
-        graph is restored first."""
-        self.restore()
-        g, cp = self.graph.copy(graph_size, _allocated, rebind)
+        ``graph_size``: what building it again would give (:meth:`toolkit.ggml.Graph.copy`); a lent graph
+        is copied as built (its recorded sources and flags), and left as its split left it."""
+        kept = self._as_built
+        g, cp = self.graph.copy(graph_size, _allocated, rebind, None if kept is None else kept[0])
+        if kept is not None:
+            for t, f in kept[1]:
+                if not _allocated(t):
+                    cp(t).flags = f
         return GraphResult(
             g, self.n_tokens, self.n_seqs, self.n_outputs, self.flash_attn, self.streams,
             [(cp(t), il) for t, il in self.norms], [(cp(t), name, il) for t, name, il in self.named],

@@ -119,8 +119,9 @@ class ContextSetup:
 
     def lent_graph(self, graph_size: int, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphResult:
         """The kept build of this shape itself (:meth:`GraphResult.lend`), not a copy, for
-        ``llama_context::graph_reserve``: the scheduler splits it in place and nothing reads it after the
-        next build of this shape, which restores it first (every copy of a kept build does)."""
+        ``llama_context::graph_reserve``: the scheduler splits it in place, and it stays split (what the
+        scheduler's last assignment reads) until the next reserve of this shape lends it again. Copies
+        of it (:meth:`build_graph`, another setup's :meth:`_shared_build`) copy it as built."""
         with paused_gc():
             return self._first_build(graph_size, n_tokens, n_seqs, n_outputs).lend(graph_size)
 
