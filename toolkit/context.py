@@ -117,7 +117,6 @@ def _hparams(model: Any) -> HParams:
     raise ParameterError("model", model, "HParams, a preset name, a .gguf path or a model dict")
 
 
-
 class _CurrentBackends:
     """A context's backends as they are now (its setup may change), for its SchedulerHolder. It holds the
     context weakly: a closure over the context would make context and holder a reference cycle, which

@@ -226,8 +226,8 @@ def buffer_sizes(events: Sequence[ReserveEvent], logged: Sequence[LoggedBuffer] 
         layout[y].update(title={"text": "MiB", "font": {"color": NEUTRAL_TEXT}}, rangemode="tozero")
     # reserve numbers are whole: one tick per reserve on short logs, integer labels always
     layout["xaxis2"].update(title={"text": "reserve #", "font": {"color": NEUTRAL_TEXT}}, tickformat="d",
-                            dtick=1 if len(good) <= 20 else None)
-    traces += _logged_marks(logged, [e.index for e in good], {c: backend_colour(i) for i, c in
+                            dtick=1 if len(history) <= 20 else None)
+    traces += _logged_marks(logged, [e.index for e in history], {c: backend_colour(i) for i, c in
                                                                 enumerate(c for c in cats if c in alloc)})
     layout["meta"] = {"event": ev.index, "text": text.buffers_text(upto),
                       "logged": [{"group": m.group, "buft": m.buft, "bytes": m.nbytes, "line": m.line} for m in logged]}
